@@ -1,0 +1,273 @@
+"""Field declarations shared by every config section.
+
+A section field says what kind of value it holds (``int``, ``float``, ``bool``,
+``str``, one of a set of strings, a list of strings, a nested section, a free
+JSON mapping). The same declaration drives the attrs validator (so a bad value
+fails where it is set) and the converter (which knows, for instance, that
+``5e8`` read from a file is an integer field's ``500000000``).
+
+``None`` is "not set": DeepSpeed's default applies and nothing is written.
+``AUTO`` is "fill from the run" and is written ``"auto"``.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable, Mapping
+from typing import Any, Final, Literal, TypeVar
+
+import attrs
+
+from ..errors import InvalidValueError, Problem
+
+__all__ = ["AUTO", "Auto", "Spec", "describe"]
+
+
+class _AutoType(enum.Enum):
+    AUTO = "auto"
+
+    def __repr__(self) -> str:
+        return "AUTO"
+
+    def __str__(self) -> str:
+        return "auto"
+
+
+AUTO: Final = _AutoType.AUTO
+"""The one sentinel: "fill this value from the run" (written ``"auto"``, as the HF Trainer expects)."""
+
+Auto = Literal[_AutoType.AUTO]
+"""The type of ``AUTO``, for annotations: ``int | Auto | None``."""
+
+Kind = Literal["int", "float", "bool", "str", "choice", "strs", "pair", "section", "mapping", "json"]
+
+
+@attrs.frozen
+class Spec:
+    """What a field holds; kept in the attrs field's metadata under ``"dsbuild"``."""
+
+    kind: Kind
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    choices: tuple[str, ...] = ()
+    auto: bool = True
+    section: type | None = None
+
+
+def describe(value: object) -> str:
+    """A value as the user wrote it, for messages: ``'gpu'``, ``5``, ``true``, ``"auto"``."""
+    if value is AUTO:
+        return '"auto"'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, (list, tuple)):
+        return f"a list {list(value)!r}" if len(value) < 6 else "a list"
+    return repr(value)
+
+
+def _expected(spec: Spec) -> str:
+    base = {
+        "int": "an integer",
+        "float": "a number",
+        "bool": "true or false",
+        "str": "a string",
+        "strs": "a list of strings",
+        "pair": "a list of two numbers",
+        "section": "a table",
+        "mapping": "a table",
+        "json": "a JSON value",
+        "choice": "one of " + ", ".join(repr(c) for c in spec.choices),
+    }[spec.kind]
+    bounds = []
+    if spec.gt is not None:
+        bounds.append(f"> {_num(spec.gt)}")
+    if spec.ge is not None:
+        bounds.append(f">= {_num(spec.ge)}")
+    if spec.le is not None:
+        bounds.append(f"<= {_num(spec.le)}")
+    return f"{base} {' and '.join(bounds)}" if bounds else base
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_json(v: object) -> bool:
+    if v is None or isinstance(v, (bool, int, str)):
+        return True
+    if isinstance(v, float):
+        return math.isfinite(v)
+    if isinstance(v, (list, tuple)):
+        return all(_is_json(x) for x in v)
+    if isinstance(v, Mapping):
+        return all(isinstance(k, str) and _is_json(x) for k, x in v.items())
+    return False
+
+
+def check_value(spec: Spec, value: object) -> str | None:
+    """Why ``value`` does not fit ``spec`` (a message), or ``None`` when it fits."""
+    if value is None:
+        return None
+    if value is AUTO:
+        return None if spec.auto else f'"auto" is not allowed here; expected {_expected(spec)}'
+    kind = spec.kind
+    ok: bool
+    if kind == "int":
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif kind == "float":
+        ok = _is_number(value) and math.isfinite(float(value))  # type: ignore[arg-type]
+    elif kind == "bool":
+        ok = isinstance(value, bool)
+    elif kind == "str":
+        ok = isinstance(value, str)
+    elif kind == "choice":
+        ok = isinstance(value, str) and value in spec.choices
+    elif kind == "strs":
+        ok = isinstance(value, tuple) and all(isinstance(x, str) for x in value)
+    elif kind == "pair":
+        ok = (
+            isinstance(value, tuple)
+            and len(value) == 2
+            and all(_is_number(x) or x is AUTO for x in value)
+        )
+    elif kind == "section":
+        ok = spec.section is not None and isinstance(value, spec.section)
+    elif kind == "mapping":
+        ok = isinstance(value, Mapping) and _is_json(value)
+    else:  # json
+        ok = _is_json(value)
+    if not ok:
+        return f"got {describe(value)}, expected {_expected(spec)}"
+    if kind in ("int", "float"):
+        x = float(value)  # type: ignore[arg-type]
+        if (
+            (spec.gt is not None and not x > spec.gt)
+            or (spec.ge is not None and not x >= spec.ge)
+            or (spec.le is not None and not x <= spec.le)
+        ):
+            return f"got {describe(value)}, expected {_expected(spec)}"
+    return None
+
+
+def _validator(spec: Spec) -> Callable[[Any, attrs.Attribute[Any], Any], None]:
+    def validate(_inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+        message = check_value(spec, value)
+        if message is not None:
+            raise InvalidValueError(Problem(attribute.name, message))
+
+    return validate
+
+
+def _convert_sequence(value: Any) -> Any:
+    # Lists given in Python become tuples so that a frozen config stays immutable.
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _field(spec: Spec, alias: str | None = None) -> Any:
+    converter = _convert_sequence if spec.kind in ("strs", "pair") else None
+    return attrs.field(
+        default=None,
+        validator=_validator(spec),
+        converter=converter,
+        metadata={"dsbuild": spec},
+        alias=alias,
+    )
+
+
+def int_(*, ge: float | None = None, gt: float | None = None, le: float | None = None, auto: bool = True) -> Any:
+    """An integer field (``5e8`` in a file is read as ``500000000``)."""
+    return _field(Spec("int", ge=ge, gt=gt, le=le, auto=auto))
+
+
+def float_(*, ge: float | None = None, gt: float | None = None, le: float | None = None, auto: bool = True) -> Any:
+    """A number field (integers are kept as written)."""
+    return _field(Spec("float", ge=ge, gt=gt, le=le, auto=auto))
+
+
+def bool_(*, auto: bool = True) -> Any:
+    """A true/false field; nothing else is taken for a boolean."""
+    return _field(Spec("bool", auto=auto))
+
+
+def str_(*, auto: bool = True) -> Any:
+    """A string field."""
+    return _field(Spec("str", auto=auto))
+
+
+def choice(*choices: str, auto: bool = True) -> Any:
+    """A string field with a fixed set of values."""
+    return _field(Spec("choice", choices=choices, auto=auto))
+
+
+def strs(*, auto: bool = False) -> Any:
+    """A list of strings (held as a tuple)."""
+    return _field(Spec("strs", auto=auto))
+
+
+def pair() -> Any:
+    """Two numbers, e.g. Adam's ``betas`` (held as a tuple, written as a list)."""
+    return _field(Spec("pair"))
+
+
+def section(cls: type, *, key: str | None = None) -> Any:
+    """A nested section (a table in the file), written under ``key`` when the attribute name differs."""
+    return _field(Spec("section", section=cls, auto=False), alias=key)
+
+
+def mapping() -> Any:
+    """A free table of JSON values, passed to DeepSpeed as written."""
+    return _field(Spec("mapping", auto=False))
+
+
+def short_repr(self: Any) -> str:
+    """``ZeroOptimization(stage=3, overlap_comm=True)``: only what is set."""
+    parts = []
+    for a in attrs.fields(type(self)):
+        value = getattr(self, a.name)
+        if value is None or (a.name in ("extra", "ignored") and not value):
+            continue
+        parts.append(f"{a.alias or a.name}={value!r}")
+    return f"{type(self).__name__}({', '.join(parts)})"
+
+
+T = TypeVar("T")
+
+
+def section_class(cls: type[T]) -> type[T]:
+    """Make ``cls`` a config section: frozen, keyword-only attrs class with a short repr."""
+    cls.__repr__ = short_repr  # type: ignore[method-assign]
+    return attrs.frozen(kw_only=True, repr=False)(cls)
+
+
+UNKNOWN_KEY_HINTS: dict[tuple[str, str], str] = {
+    ("AdamParams", "max_grad_norm"): "DeepSpeed's Adam takes no max_grad_norm; set gradient_clipping at the top level",
+    ("LionParams", "max_grad_norm"): "set gradient_clipping at the top level",
+    ("AdagradParams", "max_grad_norm"): "set gradient_clipping at the top level",
+    ("WarmupCosineLRParams", "warmup_min_lr"): "WarmupCosineLR takes ratios of the optimizer's lr: use warmup_min_ratio",
+    ("WarmupCosineLRParams", "warmup_max_lr"): "WarmupCosineLR warms up to the optimizer's lr: remove warmup_max_lr",
+    ("ZeroOptimization", "mics_shard_size"): "MiCS sharding was removed from DeepSpeed: remove this key",
+    ("ZeroOptimization", "mics_hierarchical_params_gather"): "MiCS sharding was removed from DeepSpeed: remove this key",
+    ("ZeroOptimization", "zeropp_loco_param"): "LoCo-Zero++ was removed from DeepSpeed: remove this key",
+}
+"""What to do about a key a section does not take, where a suggestion by spelling would mislead."""
+
+
+def key_of(attribute: attrs.Attribute[Any]) -> str:
+    """The ds_config key of a field: its attrs alias (``fp16`` for ``Config.fp16_config``), else its name."""
+    return attribute.alias or attribute.name
+
+
+def spec_of(attribute: attrs.Attribute[Any]) -> Spec:
+    """The ``Spec`` of a section field."""
+    spec: Spec = attribute.metadata["dsbuild"]
+    return spec

@@ -1,0 +1,365 @@
+"""The one converter between ``Config`` and DeepSpeed's ds_config dict.
+
+Reading (``from_dict``) accepts what DeepSpeed accepts — its aliases and legacy
+keys, ``5e8`` for an integer — and writes back the modern spelling. It is
+strict where DeepSpeed is sloppy: ``"yes"`` is not a boolean, ``"3"`` and
+``True`` are not integers, and a key DeepSpeed would ignore is an error (or,
+with ``strict=False``, a warning carried to ``validate()``). Every problem is
+collected with its dotted key path and reported at once.
+
+Writing (``to_dict``) gives DeepSpeed's exact keys, only what was set, as
+plain JSON types; ``AUTO`` is written ``"auto"``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from functools import cache
+from typing import Any
+
+import attrs
+import cattrs
+from cattrs.gen import make_dict_unstructure_fn, override
+
+from ._suggest import did_you_mean
+from .config import AUTO, PASSTHROUGH_KEYS, Config, section_classes
+from .config._fields import Spec, check_value, describe, key_of
+from .config.core import unknown_key
+from .config.optim import Optimizer, Scheduler, optimizer_params_class, scheduler_params_class
+from .config.precision import BF16
+from .config.zero import OffloadOptimizer, OffloadParam, ZeroOptimization
+from .config.misc import TensorParallel
+from .errors import ConfigError, InvalidValueError, Problem, UnknownKeyError
+
+__all__ = ["REMOVED_KEYS", "RENAMED_KEYS", "converter", "from_dict", "to_dict"]
+
+RENAMED_KEYS: Mapping[type, Mapping[str, str]] = {
+    Config: {"bfloat16": "bf16"},
+    ZeroOptimization: {
+        "stage3_gather_fp16_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save",
+        "gather_16bit_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save",
+        "prefetch_bucket_size": "stage3_prefetch_bucket_size",
+        "param_persistence_threshold": "stage3_param_persistence_threshold",
+        "model_persistence_threshold": "stage3_model_persistence_threshold",
+        "max_live_parameters": "stage3_max_live_parameters",
+        "max_reuse_distance": "stage3_max_reuse_distance",
+        "module_granularity_threshold": "stage3_module_granularity_threshold",
+        "use_all_reduce_for_fetch_params": "stage3_use_all_reduce_for_fetch_params",
+        "allgather_sequential": "stage3_allgather_sequential",
+    },
+    TensorParallel: {"tensor_parallel": "tp", "kernel_inject": "replace_with_kernel_inject"},
+}
+"""Legacy and alias spellings DeepSpeed reads, by section, and the modern key dsbuild writes."""
+
+REMOVED_KEYS: Mapping[str, str] = {
+    "amp": "NVIDIA Apex AMP was removed from DeepSpeed: use bf16, fp16 or torch_autocast",
+    "sparse_attention": "Sparse Attention was removed from DeepSpeed: remove this section",
+    "compression_training": "the compression library was removed from DeepSpeed: remove this section",
+    "nebula": "Nebula checkpointing was removed from DeepSpeed: remove this section",
+    "quantize_training": "MoQ quantize_training was removed from DeepSpeed: remove this section",
+    "sparse_gradients": "sparse gradients were removed from DeepSpeed: remove this key",
+    "eigenvalue": "eigenvalue MoQ was removed from DeepSpeed: remove this section",
+    "elasticity": "elastic training was removed from DeepSpeed: set the batch sizes directly",
+    "graph_harvesting": "graph harvesting was removed from DeepSpeed: remove this key",
+    "curriculum_learning": "use data_efficiency.data_sampling.curriculum_learning instead",
+    "progressive_layer_drop": "Progressive Layer Drop was removed from DeepSpeed: remove this section",
+}
+"""Top-level sections DeepSpeed 0.19 refuses, with what to do. They are carried (so nothing is lost) and
+reported by ``validate()`` as errors."""
+
+_SCIENTIFIC = re.compile(r"[-+]?\d+(\.\d*)?[eE][-+]?\d+")
+
+# Every ds key at every path, for "did you mean zero_optimization.overlap_comm?" across sections.
+_SECTIONS = section_classes()
+
+
+@cache
+def _key_paths() -> dict[str, list[str]]:
+    paths: dict[str, list[str]] = {}
+    for path, cls in _SECTIONS.items():
+        for a in attrs.fields(cls):
+            if a.name in ("extra", "ignored"):
+                continue
+            key = key_of(a)
+            paths.setdefault(key, []).append(f"{path}.{key}" if path else key)
+    return paths
+
+
+@attrs.frozen
+class _Field:
+    key: str
+    init: str
+    spec: Spec
+
+
+@cache
+def _fields_of(cls: type) -> dict[str, _Field]:
+    return {
+        key_of(a): _Field(key_of(a), a.alias or a.name, a.metadata["dsbuild"])
+        for a in attrs.fields(cls)
+        if "dsbuild" in a.metadata
+    }
+
+
+def _coerce(spec: Spec, value: Any) -> Any:
+    """Turn file spellings into Python values: ``"auto"`` into AUTO, ``5e8`` into 500000000, lists into tuples."""
+    if value == "auto" and isinstance(value, str):
+        return AUTO
+    kind = spec.kind
+    if kind == "int":
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str) and _SCIENTIFIC.fullmatch(value.strip()):
+            number = float(value)
+            return int(number) if number.is_integer() else value
+    elif kind == "float":
+        if isinstance(value, str) and _SCIENTIFIC.fullmatch(value.strip()):
+            return float(value)
+    elif kind in ("strs", "pair"):
+        if isinstance(value, list):
+            items = [AUTO if x == "auto" and isinstance(x, str) else x for x in value]
+            if kind == "pair":
+                items = [float(x) if isinstance(x, str) and _SCIENTIFIC.fullmatch(x.strip()) else x for x in items]
+            return tuple(items)
+    return value
+
+
+class _Reader:
+    """One ``from_dict`` call: strictness, and the warnings of a non-strict read."""
+
+    def __init__(self, strict: bool) -> None:
+        self.strict = strict
+        self.problems: list[Problem] = []
+        self.ignored: dict[str, Any] = {}
+
+    def unknown(self, cls: type, path: str, key: str, value: Any, names: set[str]) -> None:
+        problem = unknown_key(cls, path, key, names)
+        if problem.hint is None:
+            elsewhere = _key_paths().get(key)
+            if elsewhere:
+                problem = attrs.evolve(problem, hint=f"did you mean {elsewhere[0]!r}?")
+        if self.strict:
+            self.problems.append(problem)
+        else:
+            self.ignored[problem.path] = value
+
+    def section(self, cls: type, data: Any, path: str) -> Any:
+        if not isinstance(data, Mapping):
+            self.problems.append(Problem(path, f"got {describe(data)}, expected a table"))
+            return None
+        data = self.legacy(cls, data, path)
+        if cls is Optimizer or cls is Scheduler:
+            return self.typed_section(cls, data, path)
+        fields = _fields_of(cls)
+        kwargs: dict[str, Any] = {}
+        for key, value in data.items():
+            field = fields.get(key)
+            sub = f"{path}.{key}" if path else key
+            if field is None:
+                if not isinstance(key, str):
+                    self.problems.append(Problem(path, f"key {key!r} is not a string"))
+                else:
+                    self.unknown(cls, path, key, value, set(fields))
+                continue
+            if value is None:
+                continue
+            kwargs[field.init] = self.value(field.spec, value, sub)
+        return self.build(cls, kwargs)
+
+    def build(self, cls: type, kwargs: dict[str, Any]) -> Any:
+        with _validators_off():
+            return cls(**kwargs)
+
+    def value(self, spec: Spec, value: Any, path: str) -> Any:
+        if spec.kind == "section":
+            assert spec.section is not None
+            return self.section(spec.section, value, path)
+        value = _coerce(spec, value)
+        message = check_value(spec, value)
+        if message is not None:
+            self.problems.append(Problem(path, message))
+        if spec.kind == "mapping" and isinstance(value, Mapping):
+            return dict(value)
+        return value
+
+    def legacy(self, cls: type, data: Mapping[str, Any], path: str) -> Mapping[str, Any]:
+        """Rewrite legacy and alias keys to the modern ones (a key given twice is an error)."""
+        renames = RENAMED_KEYS.get(cls)
+        if renames is None and cls is not ZeroOptimization:
+            return data
+        out = dict(data)
+        for old, new in (renames or {}).items():
+            if old in out:
+                value = out.pop(old)
+                if new in out:
+                    where = f"{path}." if path else ""
+                    self.problems.append(
+                        Problem(f"{where}{old}", f"given together with {new!r}, which replaces it", f"keep only {new!r}")
+                    )
+                    continue
+                out[new] = value
+        if cls is ZeroOptimization:
+            self.legacy_offload(out, path)
+        return out
+
+    def legacy_offload(self, zero: dict[str, Any], path: str) -> None:
+        # DeepSpeed's deprecated booleans: cpu_offload -> offload_optimizer, cpu_offload_param -> offload_param.
+        for old, new in (("cpu_offload", "offload_optimizer"), ("cpu_offload_param", "offload_param")):
+            if old not in zero:
+                continue
+            value = zero.pop(old)
+            if not isinstance(value, bool):
+                self.problems.append(Problem(f"{path}.{old}", f"got {describe(value)}, expected true or false"))
+            elif new in zero and value:
+                self.problems.append(
+                    Problem(f"{path}.{old}", f"given together with {new!r}, which replaces it", f"keep only {new!r}")
+                )
+            elif value:
+                zero[new] = {"device": "cpu"}
+        if "cpu_offload_use_pin_memory" in zero:
+            # DeepSpeed reads this deprecated key and then ignores it; say so rather than drop it silently.
+            value = zero.pop("cpu_offload_use_pin_memory")
+            problem = Problem(
+                f"{path}.cpu_offload_use_pin_memory",
+                "deprecated and ignored by DeepSpeed",
+                "set pin_memory in offload_optimizer / offload_param",
+            )
+            if self.strict:
+                self.problems.append(problem)
+            else:
+                self.ignored[problem.path] = value
+
+    def typed_section(self, cls: type, data: Mapping[str, Any], path: str) -> Any:
+        """``optimizer`` / ``scheduler``: the params class depends on ``type``."""
+        fields = {"type", "params", *(("legacy_fusion",) if cls is Optimizer else ())}
+        kwargs: dict[str, Any] = {}
+        for key in data:
+            if key not in fields:
+                self.unknown(cls, path, key, data[key], fields)
+        type_name = data.get("type")
+        if not isinstance(type_name, str) or not type_name:
+            what = "missing" if type_name is None else f"got {describe(type_name)}, expected a name"
+            self.problems.append(Problem(f"{path}.type", what))
+            return None
+        kwargs["type"] = type_name
+        if cls is Optimizer and "legacy_fusion" in data:
+            kwargs["legacy_fusion"] = self.value(_fields_of(Optimizer)["legacy_fusion"].spec, data["legacy_fusion"], f"{path}.legacy_fusion")
+        params = data.get("params")
+        if params is not None:
+            lookup = optimizer_params_class if cls is Optimizer else scheduler_params_class
+            params_cls = lookup(type_name)
+            if params_cls is None:
+                kwargs["params"] = self.free_params(params, f"{path}.params")
+            else:
+                kwargs["params"] = self.section(params_cls, params, f"{path}.params")
+        return self.build(cls, kwargs)
+
+    def free_params(self, params: Any, path: str) -> Any:
+        if not isinstance(params, Mapping):
+            self.problems.append(Problem(path, f"got {describe(params)}, expected a table"))
+            return None
+        out: dict[str, Any] = {}
+        for key, value in params.items():
+            value = AUTO if value == "auto" and isinstance(value, str) else value
+            if value is not AUTO and check_value(Spec("json"), value) is not None:
+                self.problems.append(Problem(f"{path}.{key}", f"got {describe(value)}, expected a JSON value"))
+            out[key] = value
+        return out
+
+    def config(self, data: Any) -> Config:
+        if not isinstance(data, Mapping):
+            raise ConfigError(Problem("", f"a ds_config is a table of keys, got {describe(data)}"))
+        data = dict(data)
+        # DeepSpeed's oldest form: "zero_optimization": true means stage 1 (+ top-level allgather_size).
+        zero = data.get("zero_optimization")
+        if isinstance(zero, bool):
+            data["zero_optimization"] = {"stage": 1 if zero else 0}
+            if zero and "allgather_size" in data:
+                data["zero_optimization"]["allgather_bucket_size"] = data.pop("allgather_size")
+        extra = {k: data.pop(k) for k in list(data) if k in PASSTHROUGH_KEYS or k in REMOVED_KEYS}
+        for key, value in extra.items():
+            if check_value(Spec("json"), value) is not None:
+                self.problems.append(Problem(key, f"got {describe(value)}, expected JSON values"))
+        config = self.section(Config, data, "")
+        if self.problems:
+            unknown = [p for p in self.problems if p.message == "unknown key"]
+            cls = UnknownKeyError if len(unknown) == len(self.problems) else InvalidValueError if not unknown else ConfigError
+            raise cls(self.problems)
+        assert isinstance(config, Config)
+        if extra or self.ignored:
+            with _validators_off():
+                config = attrs.evolve(config, extra=extra, ignored=dict(self.ignored))
+        return config
+
+
+class _validators_off:
+    """Build sections without re-running validators the reader has already run (field by field)."""
+
+    def __enter__(self) -> None:
+        self.was = attrs.validators.get_disabled()
+        attrs.validators.set_disabled(True)
+
+    def __exit__(self, *exc: object) -> None:
+        attrs.validators.set_disabled(self.was)
+
+
+def from_dict(data: Mapping[str, Any], *, strict: bool = True) -> Config:
+    """Read a ds_config dict into a ``Config``; raises ``ConfigError`` listing every problem."""
+    return _Reader(strict).config(data)
+
+
+# -- writing -------------------------------------------------------------------
+
+converter = cattrs.Converter()
+"""The cattrs converter: ``converter.unstructure(config)`` is the ds_config dict; ``structure(d, Config)`` reads one."""
+
+
+def _plain(value: Any) -> Any:
+    if value is AUTO:
+        return "auto"
+    if isinstance(value, (tuple, list)):
+        return [_plain(x) for x in value]
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidValueError(Problem("", f"{value} is not a JSON number"))
+    return value
+
+
+def _unstructure_factory(cls: type) -> Callable[[Any], dict[str, Any]]:
+    overrides = {
+        a.name: override(rename=key_of(a), omit_if_default=True)
+        for a in attrs.fields(cls)
+        if a.name not in ("extra", "ignored")
+    }
+    for skip in ("extra", "ignored"):
+        if skip in attrs.fields_dict(cls):
+            overrides[skip] = override(omit=True)
+    generated = make_dict_unstructure_fn(cls, converter, **overrides)  # type: ignore[arg-type]
+    if cls is not Config:
+        return generated
+
+    def unstructure_config(config: Config) -> dict[str, Any]:
+        out = generated(config)
+        out.update(_plain(dict(config.extra)))
+        return out
+
+    return unstructure_config
+
+
+converter.register_unstructure_hook_factory(attrs.has, _unstructure_factory)
+converter.register_unstructure_hook(type(AUTO), lambda _: "auto")
+converter.register_unstructure_hook(tuple, _plain)
+converter.register_unstructure_hook(dict, _plain)
+converter.register_structure_hook(Config, lambda data, _: from_dict(data))
+
+
+def to_dict(config: Config) -> dict[str, Any]:
+    """The ds_config dict of ``config``: DeepSpeed's keys, only what is set, plain JSON types."""
+    out: dict[str, Any] = converter.unstructure(config)
+    return out
+
+
+_ = (did_you_mean, BF16, OffloadOptimizer, OffloadParam)

@@ -1,0 +1,117 @@
+"""The one exception tree of dsbuild.
+
+Every error names the dotted key path of each problem, the value, what was
+expected and, where we can tell, what to do. Several problems found together
+are reported together, one per line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import attrs
+
+__all__ = [
+    "ConfigError",
+    "ConflictError",
+    "DsbuildError",
+    "InvalidValueError",
+    "MissingDependencyError",
+    "PresetNotFoundError",
+    "Problem",
+    "UnknownKeyError",
+    "UnresolvedAutoError",
+]
+
+
+@attrs.frozen
+class Problem:
+    """One thing wrong with a config, at one dotted key path."""
+
+    path: str
+    """Dotted key path, e.g. ``zero_optimization.offload_optimizer.device``; ``""`` for the whole file."""
+    message: str
+    """What is wrong, e.g. ``got 'gpu', expected one of 'cpu', 'nvme', 'none'``."""
+    hint: str | None = None
+    """What to do about it, when we can tell."""
+
+    def prefixed(self, prefix: str) -> Problem:
+        """The same problem one level further down: ``prefix.path``."""
+        if not prefix:
+            return self
+        path = f"{prefix}.{self.path}" if self.path and not self.path.startswith("[") else f"{prefix}{self.path}"
+        return attrs.evolve(self, path=path)
+
+    def __str__(self) -> str:
+        text = f"{self.path}: {self.message}" if self.path else self.message
+        return f"{text} ({self.hint})" if self.hint else text
+
+
+class DsbuildError(Exception):
+    """Base of every error dsbuild raises on purpose."""
+
+
+class ConfigError(DsbuildError, ValueError):
+    """A config (or job, or argument) is wrong; ``problems`` lists every problem found."""
+
+    def __init__(self, problems: str | Problem | Iterable[Problem], *, source: str | None = None) -> None:
+        if isinstance(problems, str):
+            problems = [Problem("", problems)]
+        elif isinstance(problems, Problem):
+            problems = [problems]
+        self.problems: tuple[Problem, ...] = tuple(problems)
+        self.source = source
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        lines = [str(p) for p in self.problems]
+        where = f"{self.source}: " if self.source else ""
+        if len(lines) == 1:
+            return where + lines[0]
+        head = f"{where}{len(lines)} problems:"
+        return "\n".join([head, *(f"  {line}" for line in lines)])
+
+    def prefixed(self, prefix: str) -> ConfigError:
+        """The same error with every path under ``prefix`` (used while errors bubble up)."""
+        return type(self)([p.prefixed(prefix) for p in self.problems], source=self.source)
+
+    def with_source(self, source: str) -> ConfigError:
+        """The same error, naming the file it came from."""
+        return type(self)(self.problems, source=source)
+
+
+class UnknownKeyError(ConfigError):
+    """A key DeepSpeed does not know (with a "did you mean" where one is close)."""
+
+
+class InvalidValueError(ConfigError):
+    """A value of the wrong type or out of range."""
+
+
+class ConflictError(ConfigError):
+    """Explicit config values that disagree with the training arguments."""
+
+
+class UnresolvedAutoError(ConfigError):
+    """An ``"auto"`` value left after resolution: nothing given could fill it."""
+
+
+class PresetNotFoundError(ConfigError, LookupError):
+    """A preset name (or ``extends`` target) that does not exist."""
+
+
+class MissingDependencyError(DsbuildError, ImportError):
+    """An optional package is needed for this; the message gives the ``pip install`` that fixes it."""
+
+    def __init__(self, package: str, purpose: str, extra: str | None = None) -> None:
+        install = f"pip install {package}" if extra is None else f"pip install 'dsbuild[{extra}]'"
+        super().__init__(f"{purpose} needs the '{package}' package: {install}")
+        self.package = package
+
+
+def merge_errors(errors: Sequence[ConfigError]) -> ConfigError:
+    """One error holding the problems of several (the most specific common class)."""
+    problems = [p for e in errors for p in e.problems]
+    classes = {type(e) for e in errors}
+    cls = classes.pop() if len(classes) == 1 else ConfigError
+    return cls(problems)
