@@ -69,6 +69,9 @@ REMOVED_KEYS: Mapping[str, str] = {
 """Top-level sections DeepSpeed 0.19 refuses, with what to do. They are carried (so nothing is lost) and
 reported by ``validate()`` as errors."""
 
+_NOT_KEYS = ("extra", "ignored", "source", "provenance")
+"""``Config`` attributes that are not ds_config keys."""
+
 _SCIENTIFIC = re.compile(r"[-+]?\d+(\.\d*)?[eE][-+]?\d+")
 
 # Every ds key at every path, for "did you mean zero_optimization.overlap_comm?" across sections.
@@ -80,7 +83,7 @@ def _key_paths() -> dict[str, list[str]]:
     paths: dict[str, list[str]] = {}
     for path, cls in _SECTIONS.items():
         for a in attrs.fields(cls):
-            if a.name in ("extra", "ignored"):
+            if a.name in _NOT_KEYS:
                 continue
             key = key_of(a)
             paths.setdefault(key, []).append(f"{path}.{key}" if path else key)
@@ -332,9 +335,9 @@ def _unstructure_factory(cls: type) -> Callable[[Any], dict[str, Any]]:
     overrides = {
         a.name: override(rename=key_of(a), omit_if_default=True)
         for a in attrs.fields(cls)
-        if a.name not in ("extra", "ignored")
+        if a.name not in _NOT_KEYS
     }
-    for skip in ("extra", "ignored"):
+    for skip in _NOT_KEYS:
         if skip in attrs.fields_dict(cls):
             overrides[skip] = override(omit=True)
     generated = make_dict_unstructure_fn(cls, converter, **overrides)  # type: ignore[arg-type]

@@ -234,7 +234,7 @@ def short_repr(self: Any) -> str:
     parts = []
     for a in attrs.fields(type(self)):
         value = getattr(self, a.name)
-        if value is None or (a.name in ("extra", "ignored") and not value):
+        if value is None or a.name in ("ignored", "source", "provenance") or (a.name == "extra" and not value):
             continue
         parts.append(f"{a.alias or a.name}={value!r}")
     return f"{type(self).__name__}({', '.join(parts)})"

@@ -241,6 +241,10 @@ class Config:
     """Sections dsbuild carries as written (``autotuning``, ``compile``, ``pipeline``, ... see ``PASSTHROUGH_KEYS``)."""
     ignored: Mapping[str, Any] = attrs.field(factory=dict, eq=False, repr=False)
     """Keys DeepSpeed ignores, kept by ``from_dict(strict=False)`` so ``validate()`` reports them; never written."""
+    source: str | None = attrs.field(default=None, eq=False, repr=False)
+    """Where the values came from, for ``explain()``: ``"preset zero3"``, ``"file ds.json"``; ``None`` when built in code."""
+    provenance: Mapping[str, str] = attrs.field(factory=dict, eq=False, repr=False)
+    """Dotted key -> where ``resolve()`` got its value (``"training argument learning_rate"``, ``"batch triangle"``, ...)."""
 
     # -- builder verbs -------------------------------------------------------
 
