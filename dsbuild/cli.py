@@ -1,0 +1,302 @@
+"""The ``dsbuild`` command: the only module that reads argv, prints or sets an exit code.
+
+Exit codes: 0 success; 1 a well-formed config that fails validation; 2 bad
+usage or an input that cannot be used (missing file, invalid JSON, unknown
+preset...). Bad input never prints a traceback: every ``DsbuildError`` becomes
+one ``dsbuild: error: ...`` line per problem on stderr.
+
+Each command is a ``_add_<name>(subparsers)`` function that registers its
+parser and sets ``handler``; add new ones to ``_COMMANDS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TypeAlias
+
+from . import __version__
+from .config import Config
+from .errors import ConfigError, DsbuildError
+from .io import SUFFIXES, load, read_dict, to_config
+from .presets import load_preset, preset_names, presets
+from .validate import Diagnostic, validate
+
+__all__ = ["main"]
+
+FORMATS = ("json", "toml")
+TARGETS = ("deepspeed", "hf")
+
+Handler: TypeAlias = Callable[[argparse.Namespace], int]
+Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``dsbuild`` command line; return the exit code."""
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        # argparse exits 2 on usage errors (after printing them) and 0 for --help / --version.
+        return e.code if isinstance(e.code, int) else 2
+    handler: Handler | None = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_usage(sys.stderr)
+        _error("a command is required (see dsbuild --help)")
+        return 2
+    try:
+        return handler(args)
+    except DsbuildError as e:
+        _report(e)
+        return 2
+    except BrokenPipeError:  # pragma: no cover - `dsbuild show x | head`
+        # Python would complain again when flushing stdout at exit; point it at /dev/null.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except OSError as e:
+        # Writing an output file: a missing directory, no permission, a full disk.
+        where = f"{e.filename}: " if e.filename else ""
+        _error(f"{where}{e.strerror or e}")
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dsbuild",
+        description="Build, check and export DeepSpeed configs.",
+    )
+    parser.add_argument("--version", action="version", version=f"dsbuild {__version__}")
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+    for add in _COMMANDS:
+        add(commands)
+    return parser
+
+
+# -- presets -------------------------------------------------------------------
+
+
+def _add_presets(commands: Commands) -> None:
+    p = commands.add_parser("presets", help="list the packaged presets", description="List the packaged presets.")
+    p.set_defaults(handler=_presets)
+
+
+def _presets(args: argparse.Namespace) -> int:
+    found = presets()
+    width = max((len(name) for name in found), default=0)
+    for name, description in found.items():
+        _out(f"{name:<{width}}  {description}")
+    return 0
+
+
+# -- show / export -------------------------------------------------------------
+
+
+def _add_show(commands: Commands) -> None:
+    p = commands.add_parser(
+        "show",
+        help="print a preset or config file as a ds_config",
+        description="Print a preset or config file as a ds_config (extends merged, aliases normalized).",
+    )
+    p.add_argument("config", metavar="NAME|FILE", help="a preset name or a .json/.toml/.yaml file")
+    p.add_argument("--format", choices=FORMATS, default="json", help="output format (default: json)")
+    p.set_defaults(handler=_show)
+
+
+def _show(args: argparse.Namespace) -> int:
+    config = _load_ref(args.config)
+    _out(_render(config, args.format), end="")
+    return 0
+
+
+def _add_export(commands: Commands) -> None:
+    p = commands.add_parser(
+        "export",
+        help="write a preset or config file as a JSON or TOML ds_config",
+        description="Write a preset or config file as a ds_config, e.g. for TrainingArguments(deepspeed=...).",
+    )
+    p.add_argument("config", metavar="NAME|FILE", help="a preset name or a .json/.toml/.yaml file")
+    p.add_argument("-o", "--output", required=True, metavar="OUT", help="the file to write (atomically)")
+    p.add_argument("--format", choices=FORMATS, help="output format (default: from OUT's suffix)")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="refuse to write a config with validation errors (exit 1)",
+    )
+    p.add_argument("--world-size", type=_positive_int, metavar="N", help="world size for --check")
+    _add_target(p)
+    p.set_defaults(handler=_export)
+
+
+def _export(args: argparse.Namespace) -> int:
+    out = Path(args.output)
+    fmt = args.format or out.suffix.lower().lstrip(".")
+    if fmt not in FORMATS:
+        _error(f"{out}: cannot tell the output format from its suffix: use --format json|toml or a .json/.toml name")
+        return 2
+    config = _load_ref(args.config)
+    if args.check:
+        found = validate(config, world_size=args.world_size, target=args.target)
+        errors = [d for d in found if d.severity == "error"]
+        if errors:
+            for d in errors:
+                _error(f"{args.config}: {d}")
+            _error(f"not written: {_plural(len(errors), 'error')}")
+            return 1
+    written = config.to_json(out) if fmt == "json" else config.to_toml(out)
+    _out(f"wrote {written}")
+    return 0
+
+
+# -- validate ------------------------------------------------------------------
+
+
+def _add_validate(commands: Commands) -> None:
+    p = commands.add_parser(
+        "validate",
+        help="check config files before launch",
+        description=(
+            "Check config files (or presets) before launch. Exit 0: no errors; 1: a config has errors; "
+            "2: an input could not be read."
+        ),
+    )
+    p.add_argument("configs", nargs="+", metavar="FILE", help="config files (.json/.toml/.yaml) or preset names")
+    p.add_argument("--world-size", type=_positive_int, metavar="N", help="check the batch sizes for N processes")
+    p.add_argument(
+        "--strict",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="unknown keys are errors (default: warnings, as DeepSpeed ignores them)",
+    )
+    _add_target(p)
+    p.set_defaults(handler=_validate)
+
+
+def _validate(args: argparse.Namespace) -> int:
+    unreadable = with_errors = 0
+    totals = {"error": 0, "warning": 0}
+    for ref in args.configs:
+        try:
+            found = _diagnose(ref, strict=args.strict, world_size=args.world_size, target=args.target)
+        except DsbuildError as e:
+            unreadable += 1
+            _report(e)
+            _out(f"{ref}: unreadable")
+            continue
+        errors = [d for d in found if d.severity == "error"]
+        warnings = [d for d in found if d.severity == "warning"]
+        totals["error"] += len(errors)
+        totals["warning"] += len(warnings)
+        with_errors += bool(errors)
+        if not found:
+            _out(f"{ref}: ok")
+            continue
+        _out(f"{ref}: {_counts(len(errors), len(warnings))}")
+        for title, group in (("errors", errors), ("warnings", warnings)):
+            if group:
+                _out(f" {title}:")
+                for d in group:
+                    _out(f"  {d}")
+    n = len(args.configs)
+    parts = [f"{_plural(n, 'config')} checked", _counts(totals["error"], totals["warning"])]
+    if unreadable:
+        parts.append(f"{unreadable} unreadable")
+    _out(", ".join(parts))
+    return 2 if unreadable else 1 if with_errors else 0
+
+
+def _diagnose(ref: str, *, strict: bool, world_size: int | None, target: str) -> list[Diagnostic]:
+    """Diagnostics of one config; a value ``from_dict`` rejects is an error diagnostic, not an unreadable file."""
+    path = _as_path(ref)
+    if path is None:
+        return validate(load_preset(ref), world_size=world_size, target=target)
+    data, _ = read_dict(path)
+    try:
+        config = to_config(data, strict=strict, source=str(path))
+    except ConfigError as e:
+        return [Diagnostic(p.path, "error", p.message, p.hint) for p in e.problems]
+    return validate(config, world_size=world_size, target=target)
+
+
+# -- helpers -------------------------------------------------------------------
+
+
+def _as_path(ref: str) -> Path | None:
+    """``ref`` as a file path, or ``None`` when it names a preset."""
+    path = Path(ref)
+    # A suffix or a directory part means a file; a bare word is a preset unless only a file has that name.
+    if path.suffix.lower() in SUFFIXES or os.sep in ref or "/" in ref:
+        return path
+    if ref in preset_names() or not path.exists():
+        return None
+    return path
+
+
+def _load_ref(ref: str) -> Config:
+    """A config file, or a preset by name."""
+    path = _as_path(ref)
+    return load_preset(ref) if path is None else load(path)
+
+
+def _render(config: Config, fmt: str) -> str:
+    data = config.to_dict()
+    if fmt == "json":
+        return json.dumps(data, indent=2) + "\n"
+    import tomli_w
+
+    try:
+        return tomli_w.dumps(data)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"cannot be written as TOML: {e} (use --format json)") from None
+
+
+def _add_target(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--target",
+        choices=TARGETS,
+        default="deepspeed",
+        help='who reads the config: "deepspeed" as is (default) or "hf", the HF Trainer / Accelerate, which fill "auto"',
+    )
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _counts(errors: int, warnings: int) -> str:
+    return f"{_plural(errors, 'error')}, {_plural(warnings, 'warning')}"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _report(error: DsbuildError) -> None:
+    """One ``dsbuild: error:`` line per problem, each naming the file."""
+    if isinstance(error, ConfigError):
+        where = f"{error.source}: " if error.source else ""
+        for problem in error.problems:
+            _error(f"{where}{problem}")
+    else:
+        _error(str(error))
+
+
+def _out(text: str, *, end: str = "\n") -> None:
+    print(text, end=end)
+
+
+def _error(text: str) -> None:
+    print(f"dsbuild: error: {text}", file=sys.stderr)
+
+
+_COMMANDS: list[Callable[[Commands], None]] = [_add_presets, _add_show, _add_export, _add_validate]
+"""Subcommands in ``--help`` order; ``explain``, ``plan``, ``doctor`` and ``train`` slot in here."""

@@ -1,0 +1,38 @@
+"""Every ```python block in README.md and docs/*.md runs, so the docs cannot drift from the code.
+
+The blocks of one page run in order, in one namespace and one temporary directory,
+as a reader following the page would run them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+
+# A block that needs what a test cannot have (a GPU, a model download) starts with this line.
+SKIP_MARK = "# not run:"
+
+
+def _blocks(page: Path) -> list[str]:
+    codes = [m.group(1) for m in BLOCK.finditer(page.read_text(encoding="utf-8"))]
+    return [c for c in codes if not c.lstrip().startswith(SKIP_MARK)]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+def test_page_examples_run(page: Path, tmp_path: Path) -> None:
+    """A documented example that raises is a bug in the docs or in the code."""
+    namespace: dict[str, object] = {"__name__": "__doc_example__"}
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        for i, code in enumerate(_blocks(page)):
+            exec(compile(code, f"{page.name} block {i}", "exec"), namespace)
+    finally:
+        os.chdir(cwd)
