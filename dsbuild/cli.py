@@ -39,7 +39,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``dsbuild`` command line; return the exit code."""
     parser = _parser()
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        # `dsbuild validate a.json --world-size 8 b.json`: argparse stops taking files after an
+        # option; take the rest as files too when the command takes several.
+        if extra and isinstance(getattr(args, "configs", None), list) and not any(x.startswith("-") for x in extra):
+            args.configs.extend(extra)
+        elif extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as e:
         # argparse exits 2 on usage errors (after printing them) and 0 for --help / --version.
         return e.code if isinstance(e.code, int) else 2
