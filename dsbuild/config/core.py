@@ -43,13 +43,13 @@ from .optim import (
     WarmupDecayLRParams,
     WarmupLRParams,
     optimizer_params_class,
-    scheduler_params_class,
 )
 from .precision import BF16, FP16, DataTypes, TorchAutocast
 from .zero import OffloadOptimizer, OffloadParam, ZeroOptimization
 
 if TYPE_CHECKING:
-    from ..resolve import Explanation, Training
+    # resolve.py is written alongside; until it lands mypy would report the import (hence both codes).
+    from ..resolve import Explanation, Training  # type: ignore[import-not-found, unused-ignore]
     from ..validate import Diagnostic
 
 __all__ = ["PASSTHROUGH_KEYS", "Config"]
@@ -89,28 +89,96 @@ class _verb(Generic[P]):
 
 def _build(cls: type[R], path: str, fields: Mapping[str, Any]) -> R:
     """``cls(**fields)`` with unknown names and bad values reported under ``path``, all at once."""
-    names = {f.key_of(a) for a in attrs.fields(cls)}  # type: ignore[misc]
-    problems: list[Problem] = []
-    for name in fields:
-        if name not in names:
-            problems.append(unknown_key(cls, path, name, names))
-    for a in attrs.fields(cls):  # type: ignore[misc]
+    checked = _checked(cls, path, fields)
+    built: R = cls(**checked)
+    return built
+
+
+def _checked(cls: type[Any], path: str, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """``fields`` checked against section ``cls``: raises every unknown name and bad value under ``path`` at once.
+
+    A section field also takes a table (``zero_options(offload_optimizer={"device": "cpu"})``),
+    read as a file's table would be.
+    """
+    names = {f.key_of(a) for a in attrs.fields(cls)}
+    problems = [unknown_key(cls, path, k, names) for k in fields if k not in names]
+    checked: dict[str, Any] = {}
+    for a in attrs.fields(cls):
         key = f.key_of(a)
-        if key in fields and (spec := a.metadata.get("dsbuild")) is not None:
-            value = fields[key]
-            if spec.kind in ("strs", "pair") and isinstance(value, list):
-                value = tuple(value)
-            message = f.check_value(spec, value)
-            if message is not None:
-                problems.append(Problem(f"{path}.{key}", message))
+        if key not in fields:
+            continue
+        value = fields[key]
+        spec = a.metadata.get("dsbuild")
+        if spec is not None:
+            where = f"{path}.{key}" if path else key
+            if spec.kind == "section" and isinstance(value, Mapping) and spec.section is not None:
+                from ..convert import read_section  # the reader of file tables; imported late (layering)
+
+                value, found = read_section(spec.section, value, where)
+                problems.extend(found)
+            else:
+                if spec.auto and isinstance(value, str) and value == "auto":
+                    value = AUTO  # "auto" means in Python what it means in a file
+                elif spec.kind in ("strs", "pair") and isinstance(value, list):
+                    value = tuple(value)
+                message = f.check_value(spec, value)
+                if message is not None:
+                    problems.append(Problem(where, message))
+        checked[key] = value
     _raise(problems)
-    return cls(**fields)
+    return checked
+
+
+IGNORED_KEY_HINT = "DeepSpeed ignores it; remove it"
+"""The hint for a key starting with ``_`` (a comment such as ``_comment``): not a misspelling."""
 
 
 def unknown_key(cls: type, path: str, key: str, names: set[str]) -> Problem:
-    """The problem of ``key`` given to section ``cls`` at ``path``, with the best hint we have."""
-    hint = f.UNKNOWN_KEY_HINTS.get((cls.__name__, key)) or did_you_mean(key, names)
+    """The problem of ``key`` given to section ``cls`` at ``path``, with the best hint we have.
+
+    In order: a hint written for this key (``UNKNOWN_KEY_HINTS``); for ``_comment`` and other
+    ``_`` keys, that DeepSpeed ignores them; a close name in the same section; the same key in
+    another section (``offload_optimizer`` at the top -> ``zero_optimization.offload_optimizer``).
+    """
+    hint = f.UNKNOWN_KEY_HINTS.get((cls.__name__, key))
+    if hint is None and key.startswith("_"):
+        hint = IGNORED_KEY_HINT
+    if hint is None:
+        hint = did_you_mean(key, names)
+    if hint is None:
+        elsewhere = _key_paths().get(key)
+        if elsewhere:
+            hint = f"did you mean {elsewhere[0]!r}?"
     return Problem(f"{path}.{key}" if path else key, "unknown key", hint)
+
+
+_NOT_KEYS = frozenset({"extra", "ignored", "source", "provenance"})
+"""``Config`` attributes that are not ds_config keys."""
+
+
+@functools.cache
+def _key_paths() -> dict[str, list[str]]:
+    """Every ds key -> the dotted paths it sits at (sections first, then optimizer/scheduler params)."""
+    classes: dict[str, type[Any]] = dict(section_classes())
+    optimizer_params: tuple[type[Any], ...] = (AdamParams, LambParams, LionParams, AdagradParams)
+    scheduler_params: tuple[type[Any], ...] = (
+        WarmupLRParams, WarmupDecayLRParams, WarmupCosineLRParams, OneCycleParams, LRRangeTestParams
+    )
+    for params in optimizer_params:
+        classes[f"optimizer.params[{params.__name__}]"] = params
+    for params in scheduler_params:
+        classes[f"scheduler.params[{params.__name__}]"] = params
+    paths: dict[str, list[str]] = {}
+    for path, cls in classes.items():
+        prefix = path.split("[", 1)[0]
+        for a in attrs.fields(cls):
+            if a.name in _NOT_KEYS:
+                continue
+            key = f.key_of(a)
+            dotted = f"{prefix}.{key}" if prefix else key
+            if dotted not in paths.setdefault(key, []):
+                paths[key].append(dotted)
+    return paths
 
 
 def _raise(problems: list[Problem]) -> None:
@@ -141,6 +209,16 @@ def _with_aliases(fields: dict[str, Any], aliases: Mapping[str, str], path: str)
     return out
 
 
+_LOG_LEVELS = tuple(
+    spelling for level in ("debug", "info", "warning", "error", "critical") for spelling in (level, level.upper())
+)
+"""The levels DeepSpeed's ``log_level`` takes (it lower-cases the value)."""
+
+def _is_mapping(_inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, Mapping):
+        raise InvalidValueError(Problem(attribute.name, f"got {f.describe(value)}, expected a table"))
+
+
 _SCHEDULER_ALIASES = {
     "warmup_steps": "warmup_num_steps",
     "total_steps": "total_num_steps",
@@ -165,11 +243,11 @@ class Config:
     """Samples per device per forward/backward (HF ``"auto"``: ``per_device_train_batch_size``); derived when unset."""
     gradient_accumulation_steps: int | Auto | None = f.int_(gt=0)
     """Micro-batches accumulated per optimizer step (HF ``"auto"``); default 1 or derived."""
-    fp16_config: FP16 | None = f.section(FP16, key="fp16")
+    fp16_config: FP16 | None = attrs.field(default=None, alias="fp16", **f.section_options(FP16))
     """fp16 mixed precision with loss scaling; default off."""
-    bf16_config: BF16 | None = f.section(BF16, key="bf16")
+    bf16_config: BF16 | None = attrs.field(default=None, alias="bf16", **f.section_options(BF16))
     """bf16 mixed precision (legacy key ``bfloat16``); default off."""
-    optimizer_config: Optimizer | None = f.section(Optimizer, key="optimizer")
+    optimizer_config: Optimizer | None = attrs.field(default=None, alias="optimizer", **f.section_options(Optimizer))
     """Optimizer DeepSpeed builds; default none (pass your own to ``deepspeed.initialize``)."""
     scheduler: Scheduler | None = f.section(Scheduler)
     """Learning-rate scheduler DeepSpeed builds; default none."""
@@ -213,6 +291,8 @@ class Config:
     """Allow an optimizer DeepSpeed has not tested with ZeRO (a client or torch optimizer); default false."""
     zero_force_ds_cpu_optimizer: bool | Auto | None = f.bool_()
     """With optimizer offload, insist on DeepSpeed's CPU optimizer; default true."""
+    log_level: str | Auto | None = f.choice(*_LOG_LEVELS)
+    """Level of DeepSpeed's logger (``"debug"``, ``"info"``, ``"warning"``, ``"error"``, ``"critical"``); default unchanged."""
     activation_checkpointing: ActivationCheckpointing | None = f.section(ActivationCheckpointing)
     """DeepSpeed activation checkpointing; default off."""
     tensorboard: TensorBoard | None = f.section(TensorBoard)
@@ -237,7 +317,7 @@ class Config:
     """Automatic tensor parallelism for training; default off."""
     comms_logger: CommsLogger | None = f.section(CommsLogger)
     """Communication logger; default off."""
-    extra: Mapping[str, Any] = attrs.field(factory=dict, validator=attrs.validators.instance_of(Mapping))
+    extra: Mapping[str, Any] = attrs.field(factory=dict, validator=_is_mapping)
     """Sections dsbuild carries as written (``autotuning``, ``compile``, ``pipeline``, ... see ``PASSTHROUGH_KEYS``)."""
     ignored: Mapping[str, Any] = attrs.field(factory=dict, eq=False, repr=False)
     """Keys DeepSpeed ignores, kept by ``from_dict(strict=False)`` so ``validate()`` reports them; never written."""
@@ -249,25 +329,26 @@ class Config:
     # -- builder verbs -------------------------------------------------------
 
     @_verb
-    def zero(self, stage: int) -> Config:
+    def zero(self, /, stage: int) -> Config:
         """Use ZeRO ``stage`` (0-3), keeping any other ZeRO settings."""
         zero = self.zero_optimization or ZeroOptimization()
         return attrs.evolve(self, zero_optimization=_evolve(zero, "zero_optimization", stage=stage))
 
     @_verb
-    def zero_options(self, **fields: Any) -> Config:
+    def zero_options(self, /, **fields: Any) -> Config:
         """Set ``zero_optimization`` fields by their DeepSpeed names, e.g. ``overlap_comm=True``."""
         zero = self.zero_optimization or ZeroOptimization()
         return attrs.evolve(self, zero_optimization=_evolve(zero, "zero_optimization", **fields))
 
     @_verb
-    def offload_cpu(self, optimizer: bool = True, params: bool = True, pin_memory: bool = True) -> Config:
+    def offload_cpu(self, /, optimizer: bool = True, params: bool = True, pin_memory: bool = True) -> Config:
         """Offload optimizer states to CPU (stage 1-3) and, at stage 3, parameters too."""
         return self._offload("cpu", optimizer, params, {"pin_memory": pin_memory}, {"pin_memory": pin_memory})
 
     @_verb
     def offload_nvme(
         self,
+        /,
         path: str,
         optimizer: bool = True,
         params: bool = True,
@@ -322,25 +403,26 @@ class Config:
         return attrs.evolve(self, zero_optimization=attrs.evolve(zero, **changes))
 
     @_verb
-    def bf16(self, **fields: Any) -> Config:
+    def bf16(self, /, **fields: Any) -> Config:
         """Train in bf16 mixed precision (turns fp16 off); extra ``bf16`` fields by name."""
         section = _build(BF16, "bf16", {"enabled": True, **fields})
         return attrs.evolve(self, bf16=section, fp16=None)
 
     @_verb
-    def fp16(self, **fields: Any) -> Config:
+    def fp16(self, /, **fields: Any) -> Config:
         """Train in fp16 mixed precision (turns bf16 off), e.g. ``.fp16(loss_scale=0, initial_scale_power=16)``."""
         section = _build(FP16, "fp16", {"enabled": True, **fields})
         return attrs.evolve(self, fp16=section, bf16=None)
 
     @_verb
-    def fp32(self) -> Config:
+    def fp32(self, /) -> Config:
         """Train in full fp32: no ``fp16`` or ``bf16`` section."""
         return attrs.evolve(self, fp16=None, bf16=None)
 
     @_verb
     def adamw(
         self,
+        /,
         lr: float | Auto | None = None,
         betas: tuple[float, float] | list[float] | Auto | None = None,
         eps: float | Auto | None = None,
@@ -353,6 +435,7 @@ class Config:
     @_verb
     def adam(
         self,
+        /,
         lr: float | Auto | None = None,
         betas: tuple[float, float] | list[float] | Auto | None = None,
         eps: float | Auto | None = None,
@@ -363,22 +446,22 @@ class Config:
         return self.optimizer("Adam", **_set(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay), **params)
 
     @_verb
-    def lamb(self, lr: float | Auto | None = None, weight_decay: float | Auto | None = None, **params: Any) -> Config:
+    def lamb(self, /, lr: float | Auto | None = None, weight_decay: float | Auto | None = None, **params: Any) -> Config:
         """DeepSpeed's LAMB (FusedLamb)."""
         return self.optimizer("Lamb", **_set(lr=lr, weight_decay=weight_decay), **params)
 
     @_verb
-    def lion(self, lr: float | Auto | None = None, weight_decay: float | Auto | None = None, **params: Any) -> Config:
+    def lion(self, /, lr: float | Auto | None = None, weight_decay: float | Auto | None = None, **params: Any) -> Config:
         """DeepSpeed's Lion."""
         return self.optimizer("Lion", **_set(lr=lr, weight_decay=weight_decay), **params)
 
     @_verb
-    def adagrad(self, lr: float | Auto | None = None, weight_decay: float | Auto | None = None, **params: Any) -> Config:
+    def adagrad(self, /, lr: float | Auto | None = None, weight_decay: float | Auto | None = None, **params: Any) -> Config:
         """DeepSpeed's Adagrad (CPU Adagrad)."""
         return self.optimizer("Adagrad", **_set(lr=lr, weight_decay=weight_decay), **params)
 
     @_verb
-    def optimizer(self, type: str, **params: Any) -> Config:  # noqa: A002 - DeepSpeed's key is "type"
+    def optimizer(self, /, type: str, **params: Any) -> Config:  # noqa: A002 - DeepSpeed's key is "type"
         """Any optimizer by DeepSpeed name (typed params) or ``torch.optim`` class name (params as given)."""
         if not isinstance(type, str) or not type:
             raise InvalidValueError(Problem("optimizer.type", f"got {f.describe(type)}, expected an optimizer name"))
@@ -391,33 +474,34 @@ class Config:
         return attrs.evolve(self, scheduler=Scheduler(type=type, params=_build(cls, "scheduler.params", fields)))
 
     @_verb
-    def warmup_lr(self, **params: Any) -> Config:
+    def warmup_lr(self, /, **params: Any) -> Config:
         """``WarmupLR``: warm up from ``warmup_min_lr`` to ``warmup_max_lr`` over ``warmup_num_steps`` (alias ``warmup_steps``), then hold."""
         return self._scheduler("WarmupLR", WarmupLRParams, params)
 
     @_verb
-    def warmup_decay_lr(self, **params: Any) -> Config:
+    def warmup_decay_lr(self, /, **params: Any) -> Config:
         """``WarmupDecayLR``: warm up, then decay linearly to 0 at ``total_num_steps`` (alias ``total_steps``)."""
         return self._scheduler("WarmupDecayLR", WarmupDecayLRParams, params)
 
     @_verb
-    def warmup_cosine_lr(self, **params: Any) -> Config:
+    def warmup_cosine_lr(self, /, **params: Any) -> Config:
         """``WarmupCosineLR``: warm up, then cosine decay; ratios of the optimizer's lr."""
         return self._scheduler("WarmupCosineLR", WarmupCosineLRParams, params)
 
     @_verb
-    def one_cycle(self, **params: Any) -> Config:
+    def one_cycle(self, /, **params: Any) -> Config:
         """``OneCycle``: the 1-cycle policy between ``cycle_min_lr`` and ``cycle_max_lr``."""
         return self._scheduler("OneCycle", OneCycleParams, params)
 
     @_verb
-    def lr_range_test(self, **params: Any) -> Config:
+    def lr_range_test(self, /, **params: Any) -> Config:
         """``LRRangeTest``: grow the lr from ``lr_range_test_min_lr`` to find a good range."""
         return self._scheduler("LRRangeTest", LRRangeTestParams, params)
 
     @_verb
     def batch(
         self,
+        /,
         micro: int | Auto | None = None,
         grad_accum: int | Auto | None = None,
         total: int | Auto | None = None,
@@ -434,17 +518,17 @@ class Config:
         )
 
     @_verb
-    def clip_grad(self, norm: float | Auto) -> Config:
+    def clip_grad(self, /, norm: float | Auto) -> Config:
         """Clip gradients to global norm ``norm`` (0 turns clipping off)."""
         return _evolve(self, "", gradient_clipping=norm)
 
     @_verb
-    def comm_dtype(self, dtype: str) -> Config:
+    def comm_dtype(self, /, dtype: str) -> Config:
         """Communicate gradients in ``"fp32"``, ``"fp16"`` or ``"bf16"``."""
         return _evolve(self, "", communication_data_type=dtype)
 
     @_verb
-    def set(self, **fields: Any) -> Config:
+    def set(self, /, **fields: Any) -> Config:
         """Set top-level fields by their DeepSpeed names, e.g. ``.set(steps_per_print=10)``."""
         return _evolve(self, "", **fields)
 
@@ -503,17 +587,23 @@ class Config:
 
         return load_preset(name)
 
-    def validate(self, *, world_size: int | None = None, target: str = "deepspeed") -> list[Diagnostic]:
-        """Every problem found, as diagnostics (errors and warnings) with dotted key paths."""
+    def validate(
+        self, *, world_size: int | None = None, target: str = "deepspeed", resolved: bool = False
+    ) -> list[Diagnostic]:
+        """Every problem found, as diagnostics (errors first, then warnings) with dotted key paths.
+
+        ``target="hf"`` for a config handed to the HF Trainer / Accelerate (they fill its ``"auto"``);
+        ``resolved=True`` makes any ``"auto"`` left an error.
+        """
         from ..validate import validate
 
-        return validate(self, world_size=world_size, target=target)
+        return validate(self, world_size=world_size, target=target, resolved=resolved)
 
-    def check(self, *, world_size: int | None = None, target: str = "deepspeed") -> Config:
+    def check(self, *, world_size: int | None = None, target: str = "deepspeed", resolved: bool = False) -> Config:
         """Raise one ``ConfigError`` listing every error; return the config when there is none."""
         from ..validate import check
 
-        check(self, world_size=world_size, target=target)
+        check(self, world_size=world_size, target=target, resolved=resolved)
         return self
 
     def resolve(
@@ -528,37 +618,24 @@ class Config:
         """Fill every ``AUTO`` as the HF Trainer would, apply the batch triangle, and check for conflicts."""
         from ..resolve import resolve
 
-        return resolve(
+        resolved: Config = resolve(
             self, world_size=world_size, training=training, model=model, hidden_size=hidden_size, total_steps=total_steps
         )
+        return resolved
 
     def explain(self) -> list[Explanation]:
         """Each key's value and where it came from (after ``resolve``)."""
         from ..resolve import explain
 
-        return explain(self)
+        explanations: list[Explanation] = explain(self)
+        return explanations
 
 
 def _evolve(obj: R, path: str, **changes: Any) -> R:
     """``attrs.evolve`` with unknown names and bad values reported under ``path``."""
-    cls = type(obj)
-    names = {f.key_of(a) for a in attrs.fields(cls)}  # type: ignore[misc]
-    problems = [unknown_key(cls, path, k, names) for k in changes if k not in names]
-    checked: dict[str, Any] = {}
-    for a in attrs.fields(cls):  # type: ignore[misc]
-        key = f.key_of(a)
-        if key in changes:
-            value = changes[key]
-            spec = a.metadata.get("dsbuild")
-            if spec is not None:
-                if spec.kind in ("strs", "pair") and isinstance(value, list):
-                    value = tuple(value)
-                message = f.check_value(spec, value)
-                if message is not None:
-                    problems.append(Problem(f"{path}.{key}" if path else key, message))
-            checked[key] = value
-    _raise(problems)
-    return attrs.evolve(obj, **checked)  # type: ignore[misc]
+    checked = _checked(type(obj), path, changes)
+    evolved: R = attrs.evolve(obj, **checked)  # type: ignore[misc]  # R is an attrs class; mypy cannot tell
+    return evolved
 
 
 def _json_params(path: str, params: Mapping[str, Any]) -> dict[str, Any]:
@@ -566,13 +643,13 @@ def _json_params(path: str, params: Mapping[str, Any]) -> dict[str, Any]:
     problems = []
     out: dict[str, Any] = {}
     for key, value in params.items():
-        if value is AUTO:
-            out[key] = value
+        if value is AUTO or (isinstance(value, str) and value == "auto"):
+            out[key] = AUTO  # as a file's "auto" is read
             continue
         message = f.check_value(f.Spec("json"), value)
         if message is not None:
             problems.append(Problem(f"{path}.{key}", message))
-        out[key] = list(value) if isinstance(value, tuple) else value
+        out[key] = f.plain_json(value)  # tuples, also nested, written and read back as lists
     if problems:
         raise InvalidValueError(problems)
     return out
@@ -582,12 +659,13 @@ def section_classes() -> dict[str, type]:
     """Every section class by the dotted path it sits at (for docs and tests)."""
     out: dict[str, type] = {}
 
-    def walk(cls: type, path: str) -> None:
+    def walk(cls: type[Any], path: str) -> None:
         out[path] = cls
-        for a in attrs.fields(cls):  # type: ignore[misc]
+        for a in attrs.fields(cls):
             spec = a.metadata.get("dsbuild")
             if spec is not None and spec.kind == "section" and spec.section is not None:
-                walk(spec.section, f"{path}.{a.name}" if path else a.name)
+                key = f.key_of(a)  # the ds key: "fp16", not the attribute "fp16_config"
+                walk(spec.section, f"{path}.{key}" if path else key)
 
     walk(Config, "")
     return out
