@@ -24,16 +24,16 @@ import cattrs
 from cattrs.gen import make_dict_unstructure_fn, override
 
 from ._suggest import did_you_mean
-from .config import AUTO, PASSTHROUGH_KEYS, Config, section_classes
+from .config import AUTO, PASSTHROUGH_KEYS, Config
 from .config._fields import Spec, check_value, describe, key_of
 from .config.core import unknown_key
+from .config.misc import TensorParallel
 from .config.optim import Optimizer, Scheduler, optimizer_params_class, scheduler_params_class
 from .config.precision import BF16
 from .config.zero import OffloadOptimizer, OffloadParam, ZeroOptimization
-from .config.misc import TensorParallel
 from .errors import ConfigError, InvalidValueError, Problem, UnknownKeyError
 
-__all__ = ["REMOVED_KEYS", "RENAMED_KEYS", "converter", "from_dict", "to_dict"]
+__all__ = ["REMOVED_KEYS", "RENAMED_KEYS", "converter", "from_dict", "read_section", "to_dict"]
 
 RENAMED_KEYS: Mapping[type, Mapping[str, str]] = {
     Config: {"bfloat16": "bf16"},
@@ -74,33 +74,52 @@ _NOT_KEYS = ("extra", "ignored", "source", "provenance")
 
 _SCIENTIFIC = re.compile(r"[-+]?\d+(\.\d*)?[eE][-+]?\d+")
 
-# Every ds key at every path, for "did you mean zero_optimization.overlap_comm?" across sections.
-_SECTIONS = section_classes()
-
-
-@cache
-def _key_paths() -> dict[str, list[str]]:
-    paths: dict[str, list[str]] = {}
-    for path, cls in _SECTIONS.items():
-        for a in attrs.fields(cls):
-            if a.name in _NOT_KEYS:
-                continue
-            key = key_of(a)
-            paths.setdefault(key, []).append(f"{path}.{key}" if path else key)
-    return paths
-
 
 @attrs.frozen
 class _Field:
     key: str
     init: str
     spec: Spec
+    ready: Callable[[Any], bool]
+    """True for a value that needs neither coercion nor a message (the common case, checked fast)."""
+    auto: bool
+    """``"auto"`` is allowed here (read as ``AUTO``)."""
+
+
+def _ready_check(spec: Spec) -> Callable[[Any], bool]:
+    """A fast test that a file value already fits ``spec`` as is; ``False`` sends it the long way round.
+
+    The long way (``_coerce`` then ``check_value``) decides; this only skips it for values that
+    plainly fit, so it may say ``False`` too often but never ``True`` wrongly.
+    """
+    lo = -math.inf if spec.ge is None else spec.ge
+    hi = math.inf if spec.le is None else spec.le
+    gt = -math.inf if spec.gt is None else spec.gt
+    if spec.kind == "bool":
+        return lambda v: v is True or v is False
+    if spec.kind == "int":
+        return lambda v: type(v) is int and lo <= v <= hi and v > gt
+    if spec.kind == "float":
+        # v - v == 0 is false for inf and nan.
+        return lambda v: (type(v) is float or type(v) is int) and lo <= v <= hi and v > gt and v - v == 0
+    if spec.kind == "str":
+        return lambda v: type(v) is str and v != "auto"
+    if spec.kind == "choice":
+        choices = frozenset(spec.choices)
+        return lambda v: type(v) is str and v in choices
+    return lambda v: False
 
 
 @cache
 def _fields_of(cls: type) -> dict[str, _Field]:
     return {
-        key_of(a): _Field(key_of(a), a.alias or a.name, a.metadata["dsbuild"])
+        key_of(a): _Field(
+            key_of(a),
+            a.alias or a.name,
+            a.metadata["dsbuild"],
+            _ready_check(a.metadata["dsbuild"]),
+            a.metadata["dsbuild"].auto,
+        )
         for a in attrs.fields(cls)
         if "dsbuild" in a.metadata
     }
@@ -108,7 +127,7 @@ def _fields_of(cls: type) -> dict[str, _Field]:
 
 def _coerce(spec: Spec, value: Any) -> Any:
     """Turn file spellings into Python values: ``"auto"`` into AUTO, ``5e8`` into 500000000, lists into tuples."""
-    if value == "auto" and isinstance(value, str):
+    if isinstance(value, str) and value == "auto":
         return AUTO
     kind = spec.kind
     if kind == "int":
@@ -120,11 +139,13 @@ def _coerce(spec: Spec, value: Any) -> Any:
     elif kind == "float":
         if isinstance(value, str) and _SCIENTIFIC.fullmatch(value.strip()):
             return float(value)
-    elif kind in ("strs", "pair"):
+    elif kind == "strs":
         if isinstance(value, list):
-            items = [AUTO if x == "auto" and isinstance(x, str) else x for x in value]
-            if kind == "pair":
-                items = [float(x) if isinstance(x, str) and _SCIENTIFIC.fullmatch(x.strip()) else x for x in items]
+            return tuple(value)  # a module pattern "auto" is a name like any other
+    elif kind == "pair":
+        if isinstance(value, list):
+            items = [AUTO if isinstance(x, str) and x == "auto" else x for x in value]
+            items = [float(x) if isinstance(x, str) and _SCIENTIFIC.fullmatch(x.strip()) else x for x in items]
             return tuple(items)
     return value
 
@@ -139,17 +160,13 @@ class _Reader:
 
     def unknown(self, cls: type, path: str, key: str, value: Any, names: set[str]) -> None:
         problem = unknown_key(cls, path, key, names)
-        if problem.hint is None:
-            elsewhere = _key_paths().get(key)
-            if elsewhere:
-                problem = attrs.evolve(problem, hint=f"did you mean {elsewhere[0]!r}?")
         if self.strict:
             self.problems.append(problem)
         else:
             self.ignored[problem.path] = value
 
     def section(self, cls: type, data: Any, path: str) -> Any:
-        if not isinstance(data, Mapping):
+        if type(data) is not dict and not isinstance(data, Mapping):
             self.problems.append(Problem(path, f"got {describe(data)}, expected a table"))
             return None
         data = self.legacy(cls, data, path)
@@ -159,7 +176,6 @@ class _Reader:
         kwargs: dict[str, Any] = {}
         for key, value in data.items():
             field = fields.get(key)
-            sub = f"{path}.{key}" if path else key
             if field is None:
                 if not isinstance(key, str):
                     self.problems.append(Problem(path, f"key {key!r} is not a string"))
@@ -168,12 +184,18 @@ class _Reader:
                 continue
             if value is None:
                 continue
-            kwargs[field.init] = self.value(field.spec, value, sub)
+            if field.ready(value):
+                kwargs[field.init] = value
+            elif field.auto and value == "auto" and type(value) is str:
+                kwargs[field.init] = AUTO
+            else:
+                kwargs[field.init] = self.value(field.spec, value, f"{path}.{key}" if path else key)
         return self.build(cls, kwargs)
 
     def build(self, cls: type, kwargs: dict[str, Any]) -> Any:
-        with _validators_off():
-            return cls(**kwargs)
+        # Every value was checked on the way in (and problems collected); the caller has turned
+        # attrs' validators off around the whole read rather than run them all again here.
+        return cls(**kwargs)
 
     def value(self, spec: Spec, value: Any, path: str) -> Any:
         if spec.kind == "section":
@@ -285,7 +307,8 @@ class _Reader:
         for key, value in extra.items():
             if check_value(Spec("json"), value) is not None:
                 self.problems.append(Problem(key, f"got {describe(value)}, expected JSON values"))
-        config = self.section(Config, data, "")
+        with _validators_off():
+            config = self.section(Config, data, "")
         if self.problems:
             unknown = [p for p in self.problems if p.message == "unknown key"]
             cls = UnknownKeyError if len(unknown) == len(self.problems) else InvalidValueError if not unknown else ConfigError
@@ -313,6 +336,17 @@ def from_dict(data: Mapping[str, Any], *, strict: bool = True) -> Config:
     return _Reader(strict).config(data)
 
 
+def read_section(cls: type, data: Mapping[str, Any], path: str) -> tuple[Any, list[Problem]]:
+    """One section's table read as ``from_dict`` reads it (legacy keys too): the section and its problems.
+
+    The builder uses it for a table given where a section goes, e.g. ``.set(zero_optimization={...})``.
+    """
+    reader = _Reader(strict=True)
+    with _validators_off():
+        section = reader.section(cls, data, path)
+    return section, reader.problems
+
+
 # -- writing -------------------------------------------------------------------
 
 converter = cattrs.Converter()
@@ -331,16 +365,41 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _scalar(value: Any) -> Any:
+    """An int, float, bool or string field's value, as exactly that JSON type (``AUTO`` as ``"auto"``)."""
+    kind = type(value)
+    if kind is int or kind is float or kind is str or kind is bool:
+        return value
+    if value is AUTO:
+        return "auto"
+    for base in (bool, int, float, str):  # a subclass given in Python, e.g. an IntEnum
+        if isinstance(value, base):
+            return base(value)
+    return value
+
+
+def _field_hook(spec: Spec | None) -> Callable[[Any], Any] | None:
+    """The unstructure hook of one field, chosen once per class (no dispatch on each value)."""
+    if spec is None:
+        return None
+    if spec.kind in ("int", "float", "bool", "str", "choice"):
+        return _scalar
+    if spec.kind == "section" and spec.section is not None:
+        section_hook: Callable[[Any], Any] = converter.get_unstructure_hook(spec.section)
+        return section_hook
+    return _plain
+
+
 def _unstructure_factory(cls: type) -> Callable[[Any], dict[str, Any]]:
     overrides = {
-        a.name: override(rename=key_of(a), omit_if_default=True)
+        a.name: override(rename=key_of(a), omit_if_default=True, unstruct_hook=_field_hook(a.metadata.get("dsbuild")))
         for a in attrs.fields(cls)
         if a.name not in _NOT_KEYS
     }
     for skip in _NOT_KEYS:
         if skip in attrs.fields_dict(cls):
             overrides[skip] = override(omit=True)
-    generated = make_dict_unstructure_fn(cls, converter, **overrides)  # type: ignore[arg-type]
+    generated: Callable[[Any], dict[str, Any]] = make_dict_unstructure_fn(cls, converter, **overrides)  # type: ignore[arg-type]
     if cls is not Config:
         return generated
 

@@ -15,13 +15,13 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Callable, Mapping
-from typing import Any, Final, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
 import attrs
 
 from ..errors import InvalidValueError, Problem
 
-__all__ = ["AUTO", "Auto", "Spec", "describe"]
+__all__ = ["AUTO", "Auto", "Spec", "describe", "section_class"]
 
 
 class _AutoType(enum.Enum):
@@ -102,6 +102,12 @@ def _is_number(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _is_finite_number(v: object) -> bool:
+    if isinstance(v, float):
+        return math.isfinite(v)
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def _is_json(v: object) -> bool:
     if v is None or isinstance(v, (bool, int, str)):
         return True
@@ -125,10 +131,13 @@ def check_value(spec: Spec, value: object) -> str | None:
     if kind == "int":
         ok = isinstance(value, int) and not isinstance(value, bool)
     elif kind == "float":
-        ok = _is_number(value) and math.isfinite(float(value))  # type: ignore[arg-type]
+        ok = _is_finite_number(value)
     elif kind == "bool":
         ok = isinstance(value, bool)
     elif kind == "str":
+        if value == "auto" and spec.auto:
+            # A file's "auto" is AUTO; the string itself would not survive a round trip.
+            return 'got the string \'auto\', expected a string (use AUTO for "auto")'
         ok = isinstance(value, str)
     elif kind == "choice":
         ok = isinstance(value, str) and value in spec.choices
@@ -138,7 +147,7 @@ def check_value(spec: Spec, value: object) -> str | None:
         ok = (
             isinstance(value, tuple)
             and len(value) == 2
-            and all(_is_number(x) or x is AUTO for x in value)
+            and all(_is_finite_number(x) or x is AUTO for x in value)
         )
     elif kind == "section":
         ok = spec.section is not None and isinstance(value, spec.section)
@@ -149,7 +158,7 @@ def check_value(spec: Spec, value: object) -> str | None:
     if not ok:
         return f"got {describe(value)}, expected {_expected(spec)}"
     if kind in ("int", "float"):
-        x = float(value)  # type: ignore[arg-type]
+        x: Any = value  # compared as is: an int too large for a float is still an int
         if (
             (spec.gt is not None and not x > spec.gt)
             or (spec.ge is not None and not x >= spec.ge)
@@ -173,15 +182,31 @@ def _convert_sequence(value: Any) -> Any:
     return tuple(value) if isinstance(value, list) else value
 
 
-def _field(spec: Spec, alias: str | None = None) -> Any:
-    converter = _convert_sequence if spec.kind in ("strs", "pair") else None
-    return attrs.field(
-        default=None,
-        validator=_validator(spec),
-        converter=converter,
-        metadata={"dsbuild": spec},
-        alias=alias,
+def plain_json(value: Any) -> Any:
+    """A JSON value as a file holds it: tuples become lists, mappings dicts (copied), all the way down.
+
+    A table given in Python with a tuple inside then equals the same table read back from a file.
+    """
+    if isinstance(value, (list, tuple)):
+        return [plain_json(x) for x in value]
+    if isinstance(value, Mapping):
+        return {k: plain_json(x) for k, x in value.items()}
+    return value
+
+
+def _convert_mapping(value: Any) -> Any:
+    return plain_json(value) if isinstance(value, Mapping) and _is_json(value) else value
+
+
+def _field_options(spec: Spec) -> dict[str, Any]:
+    converter = (
+        _convert_sequence if spec.kind in ("strs", "pair") else _convert_mapping if spec.kind == "mapping" else None
     )
+    return {"validator": _validator(spec), "converter": converter, "metadata": {"dsbuild": spec}}
+
+
+def _field(spec: Spec, alias: str | None = None) -> Any:
+    return attrs.field(default=None, alias=alias, **_field_options(spec))
 
 
 def int_(*, ge: float | None = None, gt: float | None = None, le: float | None = None, auto: bool = True) -> Any:
@@ -224,6 +249,15 @@ def section(cls: type, *, key: str | None = None) -> Any:
     return _field(Spec("section", section=cls, auto=False), alias=key)
 
 
+def section_options(cls: type) -> dict[str, Any]:
+    """``attrs.field`` options of a nested section, for the few whose key differs from the attribute name.
+
+    Those are written ``attrs.field(default=None, alias="fp16", **section_options(FP16))`` so that
+    mypy sees the alias (``Config(fp16=...)``).
+    """
+    return _field_options(Spec("section", section=cls, auto=False))
+
+
 def mapping() -> Any:
     """A free table of JSON values, passed to DeepSpeed as written."""
     return _field(Spec("mapping", auto=False))
@@ -243,10 +277,17 @@ def short_repr(self: Any) -> str:
 T = TypeVar("T")
 
 
-def section_class(cls: type[T]) -> type[T]:
-    """Make ``cls`` a config section: frozen, keyword-only attrs class with a short repr."""
-    cls.__repr__ = short_repr  # type: ignore[method-assign]
-    return attrs.frozen(kw_only=True, repr=False)(cls)
+if TYPE_CHECKING:
+    # mypy's attrs plugin knows attrs' own decorators only: this lets it see every section as an
+    # attrs class (its __init__, aliases such as Config(fp16=...), attrs.evolve, attrs.fields).
+    # It does not see kw_only=True, which the runtime decorator below applies.
+    from attrs import frozen as section_class
+else:
+
+    def section_class(cls: type[T]) -> type[T]:
+        """Make ``cls`` a config section: frozen, keyword-only attrs class with a short repr."""
+        cls.__repr__ = short_repr
+        return attrs.frozen(kw_only=True, repr=False)(cls)
 
 
 UNKNOWN_KEY_HINTS: dict[tuple[str, str], str] = {
@@ -258,6 +299,8 @@ UNKNOWN_KEY_HINTS: dict[tuple[str, str], str] = {
     ("ZeroOptimization", "mics_shard_size"): "MiCS sharding was removed from DeepSpeed: remove this key",
     ("ZeroOptimization", "mics_hierarchical_params_gather"): "MiCS sharding was removed from DeepSpeed: remove this key",
     ("ZeroOptimization", "zeropp_loco_param"): "LoCo-Zero++ was removed from DeepSpeed: remove this key",
+    ("Config", "monitor_config"): "DeepSpeed ignores it: monitors are the top-level tensorboard, wandb, csv_monitor and comet sections",
+    ("Config", "comms_config"): "DeepSpeed ignores it: communication logging is the top-level comms_logger section",
 }
 """What to do about a key a section does not take, where a suggestion by spelling would mislead."""
 

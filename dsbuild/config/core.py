@@ -143,6 +143,10 @@ def unknown_key(cls: type, path: str, key: str, names: set[str]) -> Problem:
     hint = f.UNKNOWN_KEY_HINTS.get((cls.__name__, key))
     if hint is None and key.startswith("_"):
         hint = IGNORED_KEY_HINT
+    if hint is None and attrs.has(cls):
+        # The attribute name of an aliased field (Config.fp16_config is written "fp16").
+        alias = next((f.key_of(a) for a in attrs.fields(cls) if a.name == key and f.key_of(a) != key), None)
+        hint = f"did you mean {alias!r}?" if alias is not None else None
     if hint is None:
         hint = did_you_mean(key, names)
     if hint is None:
@@ -285,6 +289,8 @@ class Config:
     """Vocabulary size, only for a tensor-core alignment warning; default none."""
     sequence_parallel_size: int | Auto | None = f.int_(gt=0)
     """Ulysses sequence-parallel degree (divides the data-parallel world size); default 1."""
+    data_parallel_size: int | Auto | None = f.int_(gt=0)
+    """Data-parallel degree; with ``sequence_parallel_size``, ``deepspeed.initialize`` builds a (data, sequence) mesh; default derived."""
     use_data_before_expert_parallelism: bool | Auto | None = f.bool_()
     """Order process groups data-parallel first for MoE; default false."""
     zero_allow_untested_optimizer: bool | Auto | None = f.bool_()

@@ -5,14 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import attrs
-
 from . import _fields as f
 from ._fields import Auto
 
 __all__ = [
-    "Aio",
     "ActivationCheckpointing",
+    "Aio",
     "Checkpoint",
     "CheckpointParallelWrite",
     "CheckpointWriter",

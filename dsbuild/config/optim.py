@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Union
+from typing import Any
 
 import attrs
 
@@ -107,7 +107,7 @@ class AdagradParams:
     """Keep optimizer states in fp32; default true."""
 
 
-OptimizerParams = Union[AdamParams, LambParams, LionParams, AdagradParams, Mapping[str, Any]]
+OptimizerParams = AdamParams | LambParams | LionParams | AdagradParams | Mapping[str, Any]
 
 _OPTIMIZER_PARAMS: dict[str, type] = {
     "adam": AdamParams,
@@ -235,9 +235,7 @@ class LRRangeTestParams:
     """Index of the last batch when resuming; default -1."""
 
 
-SchedulerParams = Union[
-    WarmupLRParams, WarmupDecayLRParams, WarmupCosineLRParams, OneCycleParams, LRRangeTestParams
-]
+SchedulerParams = WarmupLRParams | WarmupDecayLRParams | WarmupCosineLRParams | OneCycleParams | LRRangeTestParams
 
 _SCHEDULER_PARAMS: dict[str, type] = {
     "WarmupLR": WarmupLRParams,

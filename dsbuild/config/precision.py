@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import attrs
-
 from . import _fields as f
 from ._fields import Auto
 

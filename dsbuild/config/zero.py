@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-import attrs
-
 from . import _fields as f
 from ._fields import Auto
 

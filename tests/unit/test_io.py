@@ -322,11 +322,11 @@ def test_unknown_key_keeps_its_class_and_suggestion(tmp_path: Path) -> None:
 
 
 def test_non_strict_keeps_unknown_keys_for_validate(tmp_path: Path) -> None:
-    """``strict=False`` reads past a typo; validate() then warns about it."""
+    """``strict=False`` reads past a typo; validate() then reports it (an error: DeepSpeed would ignore it)."""
     path = _write(tmp_path / "ds.toml", "train_micro_batch_size_per_gpu = 1\ngradient_clipp1ng = 1.0\n")
     cfg = load(path, strict=False)
     assert cfg == Config.batch(micro=1)
-    assert ("gradient_clipp1ng", "warning") in [(d.path, d.severity) for d in cfg.validate()]
+    assert ("gradient_clipp1ng", "error") in [(d.path, d.severity) for d in cfg.validate()]
 
 
 def test_description_must_be_a_string(tmp_path: Path) -> None:
