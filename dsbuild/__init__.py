@@ -2,7 +2,7 @@
 
 ``import dsbuild`` never imports torch, deepspeed, transformers or peft: building,
 checking, resolving and exporting configs is instant. Only ``Session`` (and
-``dsbuild train``) import them, when used.
+``dsbuild train``) import them, when first used.
 """
 
 from __future__ import annotations
@@ -20,8 +20,13 @@ from .errors import (
     UnknownKeyError,
     UnresolvedAutoError,
 )
+from .planner import Plan, plan
 from .presets import presets
+from .training import Training
 from .validate import Diagnostic
+
+if TYPE_CHECKING:
+    from .session import Session, SessionError, StepOutput
 
 __version__ = "0.1.0"
 
@@ -34,9 +39,26 @@ __all__ = [
     "DsbuildError",
     "InvalidValueError",
     "MissingDependencyError",
+    "Plan",
     "PresetNotFoundError",
+    "Session",
+    "SessionError",
+    "StepOutput",
+    "Training",
     "UnknownKeyError",
     "UnresolvedAutoError",
     "__version__",
+    "plan",
     "presets",
 ]
+
+_LAZY = {"Session", "SessionError", "StepOutput"}
+
+
+def __getattr__(name: str) -> Any:
+    # The Session needs torch and DeepSpeed: import them only when it is asked for.
+    if name in _LAZY:
+        from . import session
+
+        return getattr(session, name)
+    raise AttributeError(f"module 'dsbuild' has no attribute {name!r}")

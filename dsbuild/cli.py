@@ -132,7 +132,12 @@ def _add_export(commands: Commands) -> None:
         action="store_true",
         help="refuse to write a config with validation errors (exit 1)",
     )
-    p.add_argument("--world-size", type=_positive_int, metavar="N", help="world size for --check")
+    p.add_argument(
+        "--resolve",
+        action="store_true",
+        help="fill every \"auto\" as the HF Trainer would (from --training/--set, --world-size, ...) for raw DeepSpeed",
+    )
+    _add_run_facts(p)
     _add_target(p)
     p.set_defaults(handler=_export)
 
@@ -143,9 +148,9 @@ def _export(args: argparse.Namespace) -> int:
     if fmt not in FORMATS:
         _error(f"{out}: cannot tell the output format from its suffix: use --format json|toml or a .json/.toml name")
         return 2
-    config = _load_ref(args.config)
+    config = _resolved(args) if args.resolve else _load_with_sets(args.config, args.set)[0]
     if args.check:
-        found = validate(config, world_size=args.world_size, target=args.target)
+        found = validate(config, world_size=args.world_size, target=args.target, resolved=args.resolve)
         errors = [d for d in found if d.severity == "error"]
         if errors:
             for d in errors:
@@ -247,6 +252,88 @@ def _load_ref(ref: str) -> Config:
     return load_preset(ref) if path is None else load(path)
 
 
+def _parse_set(text: str) -> tuple[list[str], object]:
+    """``section.key=value`` with the value in TOML syntax (a bare word is taken as a string)."""
+    import tomllib
+
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip() or any(not part for part in key.strip().split(".")):
+        raise ConfigError(f"--set {text!r}: expected KEY=VALUE, e.g. training.learning_rate=2e-5")
+    try:
+        value: object = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return key.strip().split("."), value
+
+
+def _load_with_sets(ref: str, sets: Sequence[str]) -> tuple[Config, dict[str, object]]:
+    """The config of ``ref`` with ``--set`` overrides applied, and the ``training.*`` ones apart."""
+    training: dict[str, object] = {}
+    overrides: list[tuple[list[str], object]] = []
+    for text in sets:
+        keys, value = _parse_set(text)
+        if keys[0] == "training" and len(keys) == 2:
+            training[keys[1]] = value
+        else:
+            overrides.append((keys, value))
+    if not overrides:
+        return _load_ref(ref), training
+    path = _as_path(ref)
+    if path is None:
+        data, source = load_preset(ref).to_dict(), f"preset {ref}"
+    else:
+        data, _ = read_dict(path)
+        source = str(path)
+    for keys, value in overrides:
+        node = data
+        for key in keys[:-1]:
+            child = node.get(key)
+            if not isinstance(child, dict):
+                child = node[key] = {}
+            node = child
+        node[keys[-1]] = value
+    return to_config(data, source=source, label=f"{source} with --set"), training
+
+
+def _add_run_facts(p: argparse.ArgumentParser) -> None:
+    """The facts ``resolve`` needs: world size, training arguments, hidden size, total steps."""
+    p.add_argument("--world-size", type=_positive_int, default=1, metavar="N", help="number of processes (default 1)")
+    p.add_argument("--training", metavar="TOML", type=Path, help="training arguments: a TOML file of Training fields")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a training argument (training.learning_rate=2e-5) or a ds_config key (zero_optimization.stage=2)",
+    )
+    p.add_argument("--hidden-size", type=_positive_int, metavar="H", help="the model's hidden size")
+    p.add_argument("--total-steps", type=_positive_int, metavar="N", help="optimizer steps of the run")
+
+
+def _resolved(args: argparse.Namespace) -> Config:
+    from .training import Training
+
+    config, overrides = _load_with_sets(args.config, args.set)
+    fields: dict[str, object] = {}
+    if args.training is not None:
+        import tomllib
+
+        try:
+            with open(args.training, "rb") as fh:
+                fields.update(tomllib.load(fh))
+        except OSError as e:
+            raise ConfigError(f"{args.training}: {e.strerror or e}") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{args.training}: invalid TOML: {e}") from None
+        if isinstance(fields.get("training"), dict):  # a job file's [training] table
+            fields = dict(fields["training"])  # type: ignore[arg-type]
+    fields.update(overrides)
+    training = Training.from_dict(fields) if fields else None
+    return config.resolve(
+        world_size=args.world_size, training=training, hidden_size=args.hidden_size, total_steps=args.total_steps
+    )
+
+
 def _render(config: Config, fmt: str) -> str:
     data = config.to_dict()
     if fmt == "json":
@@ -304,6 +391,30 @@ def _error(text: str) -> None:
     print(f"dsbuild: error: {text}", file=sys.stderr)
 
 
+# -- explain -------------------------------------------------------------------
+
+
+def _add_explain(commands: Commands) -> None:
+    p = commands.add_parser(
+        "explain",
+        help="the resolved config, each key with where its value came from",
+        description=(
+            'Resolve a config as the HF Trainer would (every "auto" filled from the training arguments, the '
+            "model's hidden size, the world size and the run's steps) and print each key's value and origin."
+        ),
+    )
+    p.add_argument("config", metavar="NAME|FILE", help="a preset name or a .json/.toml/.yaml file")
+    _add_run_facts(p)
+    p.set_defaults(handler=_explain)
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from .resolve import explain, render_explanation
+
+    _out(render_explanation(explain(_resolved(args))))
+    return 0
+
+
 # -- plan --------------------------------------------------------------------
 
 
@@ -330,7 +441,7 @@ def _add_plan(commands: Commands) -> None:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from .plan import format_plan_table, parse_count, plan, plan_to_json
+    from .planner import format_plan_table, parse_count, plan, plan_to_json
 
     result = plan(
         params=parse_count(args.params) if args.params is not None else None,
@@ -385,6 +496,7 @@ _COMMANDS: list[Callable[[Commands], None]] = [
     _add_show,
     _add_export,
     _add_validate,
+    _add_explain,
     _add_plan,
     _add_doctor,
 ]

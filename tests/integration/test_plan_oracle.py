@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from dsbuild.plan import count_params, plan
+from dsbuild.planner import count_params, plan
 
 estimators = pytest.importorskip("deepspeed.runtime.zero.stage3")
 from deepspeed.runtime.zero.stage3 import (  # noqa: E402

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from dsbuild import Config, InvalidValueError
-from dsbuild.plan import (
+from dsbuild.planner import (
     SPEED_ORDER,
     ModelSize,
     Plan,
@@ -193,7 +193,7 @@ def test_defaults_for_omitted_keys_are_transformers_class_defaults() -> None:
     """What dsbuild assumes for a key a config.json leaves out is what transformers assumes."""
     import transformers
 
-    from dsbuild.plan import _DEFAULTS
+    from dsbuild.planner import _DEFAULTS
 
     classes = {
         "llama": transformers.LlamaConfig,
@@ -521,7 +521,7 @@ def test_planning_imports_neither_torch_nor_deepspeed(tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""
         import sys
-        import dsbuild.plan as p
+        import dsbuild.planner as p
         p.plan(params="7B", gpus_per_node=8, gpu_memory="24GiB")
         p.plan(model={{"model_type": "llama", **{SMALL!r}}}, gpu_memory="1GiB")
         text = p.format_plan_table(p.plan(model={str(tmp_path)!r}))

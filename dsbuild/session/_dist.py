@@ -1,0 +1,85 @@
+"""The process group: from the launcher's environment, or a one-process world for ``python script.py``."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["barrier", "ensure_env", "init", "is_initialized", "rank", "world_size"]
+
+# What torchrun / the DeepSpeed launcher set, and what DeepSpeed's MPI discovery reads.
+_LAUNCHER_KEYS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+_WORLD_SIZE_KEYS = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def ensure_env(environ: Mapping[str, str] | None = None) -> None:
+    """Give a plain ``python script.py`` a one-process world, so DeepSpeed needs neither MPI nor hand-set variables.
+
+    Launched processes (torchrun, the DeepSpeed launcher, mpirun) already carry
+    their rank; those are left alone.
+    """
+    env = os.environ if environ is None else environ
+    if is_initialized() or any(k in env for k in _LAUNCHER_KEYS):
+        return
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+
+
+def is_initialized() -> bool:
+    return bool(dist.is_available() and dist.is_initialized())
+
+
+def world_size() -> int:
+    """The number of processes, known before the process group exists (from the launcher's environment)."""
+    if is_initialized():
+        return int(dist.get_world_size())
+    for key in _WORLD_SIZE_KEYS:
+        if key in os.environ:
+            return int(os.environ[key])
+    return 1
+
+
+def rank() -> int:
+    if is_initialized():
+        return int(dist.get_rank())
+    for key in _LAUNCHER_KEYS:
+        if key in os.environ:
+            return int(os.environ[key])
+    return 0
+
+
+def init() -> None:
+    """Create the process group once per process (DeepSpeed's accelerator picks the backend), or reuse it."""
+    import deepspeed
+
+    ensure_env()
+    deepspeed.init_distributed(verbose=False)
+
+
+def barrier() -> None:
+    if is_initialized():
+        dist.barrier()
+
+
+def all_sum(values: list[float], device: torch.device | str) -> list[float]:
+    """Sum ``values`` over all processes (one collective)."""
+    if not is_initialized() or dist.get_world_size() == 1:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return [float(v) for v in t.tolist()]

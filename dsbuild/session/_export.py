@@ -1,0 +1,119 @@
+"""Consolidated 16-bit weights out of the engine, written in Hugging Face format (or peft adapters)."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import _dist
+
+__all__ = ["full_state_dict", "save_hf", "trainable_state_dict"]
+
+
+def _partitioned(engine: Any) -> bool:
+    return bool(engine.zero_optimization_partition_weights())
+
+
+def full_state_dict(engine: Any) -> dict[str, torch.Tensor] | None:
+    """Collective: every weight, whole, on CPU, in the training dtype, on rank 0 (``None`` elsewhere)."""
+    if _partitioned(engine):
+        # Gathers one module at a time, so no device ever holds the whole model.
+        sd: dict[str, torch.Tensor] | None = engine._zero3_consolidated_16bit_state_dict()
+        return sd
+    if _dist.rank() != 0:
+        return None
+    return {k: v.detach().cpu() for k, v in engine.module.state_dict().items()}
+
+
+def trainable_state_dict(engine: Any) -> dict[str, torch.Tensor] | None:
+    """Collective: the trainable parameters (LoRA adapters), whole, on CPU, on rank 0 (``None`` elsewhere).
+
+    Under ZeRO-3 every rank holds a slice of each adapter (an empty tensor locally),
+    so they are gathered first; reading them directly would save empty adapters.
+    """
+    import deepspeed
+
+    named = [(n, p) for n, p in engine.module.named_parameters() if p.requires_grad]
+    main = _dist.rank() == 0
+    gather = (
+        deepspeed.zero.GatheredParameters([p for _, p in named]) if _partitioned(engine) else contextlib.nullcontext()
+    )
+    with gather:
+        return {n: p.detach().cpu().clone() for n, p in named} if main else None
+
+
+@contextlib.contextmanager
+def _no_hf_zero3() -> Iterator[None]:
+    """Build a plain CPU model even if someone's HfDeepSpeedConfig (ZeRO-3) is alive in this process."""
+    from transformers.integrations import deepspeed as hf_ds
+
+    previous = getattr(hf_ds, "_hf_deepspeed_config_weak_ref", None)
+    hf_ds._hf_deepspeed_config_weak_ref = None
+    try:
+        yield
+    finally:
+        hf_ds._hf_deepspeed_config_weak_ref = previous
+
+
+def _dtype_of(sd: dict[str, torch.Tensor]) -> torch.dtype:
+    for v in sd.values():
+        if torch.is_floating_point(v):
+            return v.dtype
+    return torch.float32
+
+
+def merged_model(model: Any, sd: dict[str, torch.Tensor]) -> Any:
+    """A CPU copy of the peft ``model`` holding the weights ``sd``, with its adapters merged into the base weights."""
+    from peft import get_peft_model
+
+    base = model.get_base_model()
+    with _no_hf_zero3():
+        fresh = type(base)._from_config(copy.deepcopy(base.config), dtype=_dtype_of(sd))
+    adapter = model.active_adapter if isinstance(model.active_adapter, str) else model.active_adapter[0]
+    fresh = get_peft_model(fresh, copy.deepcopy(model.peft_config[adapter]))
+    missing, unexpected = fresh.load_state_dict(sd, strict=False)
+    if unexpected or any("lora_" in k or k.endswith("weight") for k in missing):
+        raise RuntimeError(
+            f"merging LoRA: state dict does not fit the model (missing {missing}, unexpected {unexpected})"
+        )
+    return fresh.merge_and_unload()
+
+
+def _is_peft(model: Any) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:
+        return False
+    return isinstance(model, PeftModel)
+
+
+def save_hf(engine: Any, model: Any, path: str | Path, *, merge_lora: bool = False, tokenizer: Any = None) -> None:
+    """Collective: rank 0 writes ``model`` to ``path`` in HF format (safetensors) with the engine's trained weights.
+
+    A peft model writes its adapters (``adapter_model.safetensors``), or with
+    ``merge_lora=True`` the base model with the adapters merged in. A plain
+    ``nn.Module`` writes ``model.safetensors``.
+    """
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    peft = _is_peft(model)
+    sd = trainable_state_dict(engine) if peft and not merge_lora else full_state_dict(engine)
+    if _dist.rank() == 0:
+        assert sd is not None
+        path.mkdir(parents=True, exist_ok=True)
+        if peft and merge_lora:
+            merged_model(model, sd).save_pretrained(path)
+        elif peft or hasattr(model, "save_pretrained"):
+            model.save_pretrained(path, state_dict=sd)
+        else:
+            # safetensors refuses tensors that share storage (tied weights): write each once, contiguous.
+            save_file({k: v.contiguous().clone() for k, v in sd.items()}, str(path / "model.safetensors"))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(path)
+    _dist.barrier()

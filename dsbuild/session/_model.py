@@ -1,0 +1,155 @@
+"""Building the model: HF's ZeRO-3 construction (``zero.Init``) in a scope, gradient checkpointing, LoRA."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import ConfigError, Problem
+
+__all__ = [
+    "apply_lora",
+    "build_model",
+    "enable_gradient_checkpointing",
+    "lora_config",
+    "pretrained_config",
+    "zero3_scope",
+]
+
+_DTYPES: Mapping[str, torch.dtype] = {
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "float": torch.float32,
+}
+
+# The job TOML's short [model.lora] names -> peft's LoraConfig fields.
+_LORA_ALIASES: Mapping[str, str] = {"rank": "r", "alpha": "lora_alpha", "dropout": "lora_dropout"}
+
+
+def as_dtype(dtype: Any) -> Any:
+    """``torch.dtype`` from ``"bf16"``, ``"bfloat16"``, ...; ``"auto"`` and dtypes pass through."""
+    if dtype is None or isinstance(dtype, torch.dtype) or dtype == "auto":
+        return dtype
+    if isinstance(dtype, str) and dtype.lower() in _DTYPES:
+        return _DTYPES[dtype.lower()]
+    raise ConfigError(
+        Problem("model.dtype", f"got {dtype!r}, expected one of {', '.join(repr(k) for k in [*_DTYPES, 'auto'])}")
+    )
+
+
+@contextlib.contextmanager
+def zero3_scope(ds_config: Mapping[str, Any]) -> Iterator[None]:
+    """HF's ZeRO-3 switch, on only while the model is built.
+
+    transformers builds a model inside ``deepspeed.zero.Init`` (each parameter
+    partitioned as it is created, never whole on one device) while an
+    ``HfDeepSpeedConfig`` is alive; HF keeps only a weak reference, so we hold it
+    here. Afterwards the switch is put back as it was, so a later
+    ``from_pretrained`` in the same process loads whole weights as usual.
+    """
+    stage = (ds_config.get("zero_optimization") or {}).get("stage", 0)
+    if stage != 3:
+        yield
+        return
+    hf_ds: Any = importlib.import_module("transformers.integrations.deepspeed")
+
+    previous = getattr(hf_ds, "_hf_deepspeed_config_weak_ref", None)
+    previous_obj = previous() if previous is not None else None
+    keep_alive = hf_ds.HfDeepSpeedConfig(copy.deepcopy(dict(ds_config)))
+    try:
+        yield
+    finally:
+        if previous_obj is not None:
+            hf_ds.set_hf_deepspeed_config(previous_obj)
+        else:
+            hf_ds.unset_hf_deepspeed_config()
+        del keep_alive
+
+
+def pretrained_config(source: Any) -> Any:
+    """The model's ``PretrainedConfig``: ``source`` itself, or read from a local directory or hub id."""
+    from transformers import AutoConfig, PretrainedConfig
+
+    if isinstance(source, PretrainedConfig):
+        return source
+    if isinstance(source, (str, Path)):
+        return AutoConfig.from_pretrained(str(source))
+    raise ConfigError(
+        Problem(
+            "model", f"got {type(source).__name__}, expected a local path, a hub id or a transformers PretrainedConfig"
+        )
+    )
+
+
+def build_model(
+    source: Any, ds_config: Mapping[str, Any], *, dtype: Any = None, attn_implementation: str | None = None
+) -> Any:
+    """A causal LM from a path / hub id (its weights) or a ``PretrainedConfig`` (random init), ZeRO-3 aware."""
+    from transformers import PretrainedConfig
+
+    auto: Any = importlib.import_module("transformers").AutoModelForCausalLM
+    kwargs: dict[str, Any] = {}
+    if dtype is not None:
+        kwargs["dtype"] = as_dtype(dtype)
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
+    with zero3_scope(ds_config):
+        if isinstance(source, PretrainedConfig):
+            if kwargs.get("dtype") == "auto":
+                del kwargs["dtype"]
+            return auto.from_config(source, **kwargs)
+        return auto.from_pretrained(str(source), **kwargs)
+
+
+def enable_gradient_checkpointing(model: Any, *, lora: bool) -> None:
+    """Non-reentrant activation checkpointing (works with ZeRO-3 and frozen base weights)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x's name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    elif hasattr(model, "gradient_checkpointing_enable"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    else:
+        raise ConfigError(Problem("gradient_checkpointing", f"{type(model).__name__} does not support it"))
+    if getattr(model, "config", None) is not None and hasattr(model.config, "use_cache"):
+        model.config.use_cache = False  # the KV cache is useless in training and conflicts with checkpointing
+    if lora and hasattr(model, "enable_input_require_grads"):
+        # With every base weight frozen, the embeddings' output needs grad for checkpointed blocks to backpropagate.
+        model.enable_input_require_grads()
+
+
+def lora_config(lora: Any) -> Any:
+    """A peft ``LoraConfig`` from one, or from a mapping of its fields (``rank``/``alpha``/``dropout`` accepted)."""
+    from peft import LoraConfig, PeftConfig
+
+    if isinstance(lora, PeftConfig):
+        return lora
+    if not isinstance(lora, Mapping):
+        raise ConfigError(
+            Problem("lora", f"got {type(lora).__name__}, expected a peft LoraConfig or a table of its fields")
+        )
+    fields = {_LORA_ALIASES.get(k, k): v for k, v in lora.items()}
+    fields.setdefault("task_type", "CAUSAL_LM")
+    if isinstance(fields.get("target_modules"), (list, tuple)):
+        fields["target_modules"] = list(fields["target_modules"])
+    try:
+        return LoraConfig(**fields)
+    except TypeError as error:
+        raise ConfigError(Problem("lora", str(error))) from None
+
+
+def apply_lora(model: Any, lora: Any) -> Any:
+    """Wrap ``model`` with LoRA adapters; only the adapters stay trainable."""
+    from peft import get_peft_model
+
+    return get_peft_model(model, lora_config(lora))

@@ -1,0 +1,249 @@
+"""``Training``: the run's training arguments, by the names and defaults of HF ``TrainingArguments``.
+
+A job's ``[training]`` table and ``--set training.KEY=VALUE`` are read with
+``Training.from_dict``; ``resolve`` reads the same names from a ``Training``, a
+``transformers.TrainingArguments`` or any object that has them. Every value is
+checked when a ``Training`` is made, and every problem is reported at once under
+``training.<name>``.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import os
+import re
+from collections.abc import Mapping
+from functools import cache
+from typing import Any, Final
+
+import attrs
+
+from ._suggest import did_you_mean
+from .config._fields import Spec, check_value
+from .errors import ConfigError, InvalidValueError, Problem, UnknownKeyError
+
+__all__ = ["SCHEDULER_TYPES", "NoneValue", "Training", "training_from"]
+
+SCHEDULER_TYPES: Final = (
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "constant",
+    "constant_with_warmup",
+    "inverse_sqrt",
+    "reduce_lr_on_plateau",
+    "cosine_with_min_lr",
+    "cosine_warmup_with_min_lr",
+    "warmup_stable_decay",
+    "greedy",
+)
+"""HF's ``SchedulerType`` values (transformers 5), the choices of ``Training.lr_scheduler_type``."""
+
+
+class NoneValue:
+    """Stands in for ``None`` so that ``check_value`` says ``got None, expected ...`` for a required value."""
+
+    def __repr__(self) -> str:
+        return "None"
+
+
+def _arg(default: Any, spec: Spec, *, optional: bool = False) -> Any:
+    """A ``Training`` field: its HF default and what it takes (checked in ``__attrs_post_init__``, all at once)."""
+    return attrs.field(default=default, metadata={"training": (spec, optional)})
+
+
+def _path_text(value: str | os.PathLike[str] | None) -> str | None:
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
+_NUMBER_GE0 = Spec("float", ge=0, auto=False)
+_POSITIVE_INT = Spec("int", gt=0, auto=False)
+_BOOL = Spec("bool", auto=False)
+
+
+@attrs.frozen(kw_only=True)
+class Training:
+    """The run's training arguments: the names and defaults of HF ``TrainingArguments`` (transformers 5).
+
+    Every value is checked when a ``Training`` is made; every problem is reported at once,
+    each under ``training.<name>``. ``resolve`` also takes a ``TrainingArguments`` (or any
+    object with these attribute names) in its place.
+    """
+
+    output_dir: str | None = attrs.field(
+        default=None, converter=_path_text, metadata={"training": (Spec("str", auto=False), True)}
+    )
+    """Where checkpoints and the final model are written (a path is kept as text); default none (the job decides)."""
+    learning_rate: float = _arg(5e-5, _NUMBER_GE0)
+    """Peak learning rate (fills ``optimizer.params.lr`` and ``scheduler.params.warmup_max_lr``); default 5e-5."""
+    weight_decay: float = _arg(0.0, _NUMBER_GE0)
+    """Weight decay (fills ``optimizer.params.weight_decay``); default 0."""
+    adam_beta1: float = _arg(0.9, _NUMBER_GE0)
+    """Adam's beta1, in [0, 1) (fills ``optimizer.params.betas[0]``); default 0.9."""
+    adam_beta2: float = _arg(0.999, _NUMBER_GE0)
+    """Adam's beta2, in [0, 1) (fills ``optimizer.params.betas[1]``); default 0.999."""
+    adam_epsilon: float = _arg(1e-8, _NUMBER_GE0)
+    """Adam's epsilon (fills ``optimizer.params.eps``); default 1e-8."""
+    per_device_train_batch_size: int = _arg(8, _POSITIVE_INT)
+    """Samples per device per step (fills ``train_micro_batch_size_per_gpu``); default 8."""
+    per_device_eval_batch_size: int = _arg(8, _POSITIVE_INT)
+    """Samples per device per evaluation step; default 8."""
+    gradient_accumulation_steps: int = _arg(1, _POSITIVE_INT)
+    """Micro-batches per optimizer step (fills ``gradient_accumulation_steps``); default 1."""
+    max_grad_norm: float = _arg(1.0, _NUMBER_GE0)
+    """Gradient clipping norm, 0 for none (fills ``gradient_clipping``); default 1.0."""
+    warmup_steps: float = _arg(0, _NUMBER_GE0)
+    """Warmup steps; a number below 1 is a fraction of the run's steps (HF 5); default 0."""
+    warmup_ratio: float = _arg(0.0, Spec("float", ge=0, le=1, auto=False))
+    """Warmup as a fraction of the run's steps, used when ``warmup_steps`` is 0 (HF 4 spelling); default 0."""
+    num_train_epochs: float = _arg(3.0, _NUMBER_GE0)
+    """Epochs to train when ``max_steps`` is not positive; default 3."""
+    max_steps: int = _arg(-1, Spec("int", ge=-1, auto=False))
+    """Optimizer steps to train, overriding ``num_train_epochs`` when positive; default -1 (unset)."""
+    lr_scheduler_type: str = _arg("linear", Spec("choice", choices=SCHEDULER_TYPES, auto=False))
+    """HF scheduler used when the config has no ``scheduler``, e.g. ``"cosine"``; default ``"linear"``."""
+    bf16: bool = _arg(False, _BOOL)
+    """Train in bf16 mixed precision (fills ``bf16.enabled``); default false."""
+    fp16: bool = _arg(False, _BOOL)
+    """Train in fp16 mixed precision (fills ``fp16.enabled``); default false."""
+    bf16_full_eval: bool = _arg(False, _BOOL)
+    """Evaluate in pure bf16 (also turns ``bf16.enabled`` on, as in HF); default false."""
+    fp16_full_eval: bool = _arg(False, _BOOL)
+    """Evaluate in pure fp16 (also turns ``fp16.enabled`` on, as in HF); default false."""
+    seed: int = _arg(42, Spec("int", ge=0, auto=False))
+    """Random seed set at the start of training; default 42."""
+    logging_steps: float = _arg(500, Spec("float", gt=0, auto=False))
+    """Log every this many steps; below 1 a fraction of the run's steps; default 500."""
+    save_steps: float = _arg(500, Spec("float", gt=0, auto=False))
+    """Save a checkpoint every this many steps; below 1 a fraction of the run's steps; default 500."""
+    save_total_limit: int | None = _arg(None, Spec("int", ge=0, auto=False), optional=True)
+    """Keep at most this many checkpoints (older ones deleted); default none (keep all)."""
+    save_on_each_node: bool = _arg(False, _BOOL)
+    """Save on every node rather than the main one (fills ``checkpoint.use_node_local_storage``); default false."""
+
+    def __attrs_post_init__(self) -> None:
+        problems = _training_problems(self)
+        if problems:
+            raise InvalidValueError(problems)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Training:
+        """A ``Training`` from a table (a job's ``[training]``); unknown names get a "did you mean"."""
+        if not isinstance(data, Mapping):
+            raise InvalidValueError(Problem("training", f"got {data!r}, expected a table"))
+        names = _training_names()
+        problems: list[Problem] = []
+        given: dict[str, Any] = {}
+        for key, value in data.items():
+            if not isinstance(key, str):
+                problems.append(Problem("training", f"key {key!r} is not a string"))
+            elif key not in names:
+                problems.append(Problem(f"training.{key}", "unknown key", did_you_mean(key, names)))
+            else:
+                given[key] = _coerce(names[key], value)
+        try:
+            built = cls(**given)
+        except InvalidValueError as error:
+            raise _error_of([*problems, *error.problems]) from None
+        if problems:
+            raise _error_of(problems)
+        return built
+
+    @classmethod
+    def of(cls, args: Any) -> Training:
+        """A ``Training`` from a ``TrainingArguments`` or any object with those attribute names (others default)."""
+        if isinstance(args, Training):
+            return args
+        return training_from(args, _training_names())
+
+    def get_warmup_steps(self, num_training_steps: int) -> int:
+        """Warmup steps of a run of ``num_training_steps``, as HF's ``TrainingArguments.get_warmup_steps``.
+
+        ``warmup_steps`` from 1 up is a count; below 1 a fraction of the run (HF 5); when it
+        is 0, ``warmup_ratio`` is that fraction (HF 4).
+        """
+        if self.warmup_steps >= 1:
+            return int(self.warmup_steps)
+        ratio = self.warmup_steps if self.warmup_steps > 0 else self.warmup_ratio
+        return math.ceil(num_training_steps * ratio)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every argument by name (``None`` for the unset optional ones)."""
+        return attrs.asdict(self)
+
+
+@cache
+def _training_names() -> dict[str, Spec]:
+    return {a.name: a.metadata["training"][0] for a in attrs.fields(Training)}
+
+
+def _training_problems(training: Training) -> list[Problem]:
+    """Every problem of a ``Training``, in field order, then the ones between fields."""
+    problems: list[Problem] = []
+    for a in attrs.fields(Training):
+        spec, optional = a.metadata["training"]
+        value = getattr(training, a.name)
+        if value is None and optional:
+            continue
+        message = check_value(spec, NoneValue() if value is None else value)
+        if message is not None:
+            problems.append(Problem(f"training.{a.name}", message))
+    bad = {p.path for p in problems}
+    ok = {a.name: getattr(training, a.name) for a in attrs.fields(Training) if f"training.{a.name}" not in bad}
+    return problems + _relations(ok)
+
+
+def _relations(ok: Mapping[str, Any]) -> list[Problem]:
+    """The checks beyond one field's type and range, on the fields that passed those."""
+    problems = []
+    for name in ("adam_beta1", "adam_beta2"):
+        if name in ok and ok[name] >= 1:
+            problems.append(Problem(f"training.{name}", f"got {ok[name]!r}, expected a number >= 0 and < 1"))
+    for name in ("logging_steps", "save_steps"):
+        if name in ok and ok[name] > 1 and not float(ok[name]).is_integer():
+            problems.append(
+                Problem(
+                    f"training.{name}", f"got {ok[name]!r}, expected a whole number above 1 (or a fraction below 1)"
+                )
+            )
+    for a, b in (("fp16", "bf16"), ("fp16_full_eval", "bf16_full_eval")):
+        if ok.get(a) is True and ok.get(b) is True:
+            problems.append(Problem(f"training.{b}", f"true together with {a}; at most one of {a} and {b} can be true"))
+    return problems
+
+
+_SCIENTIFIC = re.compile(r"[-+]?\d+(\.\d*)?[eE][-+]?\d+")
+
+
+def _coerce(spec: Spec, value: Any) -> Any:
+    """File spellings of numbers: ``"5e-5"`` (YAML reads it as text) and ``8.0`` for an integer."""
+    if spec.kind in ("int", "float") and isinstance(value, str) and _SCIENTIFIC.fullmatch(value.strip()):
+        value = float(value)
+    if spec.kind == "int" and isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _plain_arg(value: Any) -> Any:
+    """An argument as ``Training`` holds it: HF's string enums (``SchedulerType.LINEAR``) become their value."""
+    return value.value if isinstance(value, enum.Enum) else value
+
+
+def training_from(args: Any, names: Mapping[str, Any]) -> Training:
+    """A ``Training`` of the attributes ``names`` that ``args`` has (the others keep their defaults)."""
+    missing = object()
+    given = {}
+    for name in names:
+        value = getattr(args, name, missing)
+        if value is not missing:
+            given[name] = _plain_arg(value)
+    return Training(**given)
+
+
+def _error_of(problems: list[Problem]) -> ConfigError:
+    unknown = sum(p.message == "unknown key" for p in problems)
+    if unknown == len(problems):
+        return UnknownKeyError(problems)
+    return InvalidValueError(problems) if unknown == 0 else ConfigError(problems)
