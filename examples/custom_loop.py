@@ -19,9 +19,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, ByT5Tokenizer, LlamaConfig
 
-from dsbuild import AUTO, Config
-from dsbuild.resolve import Training
-from dsbuild.session import Session
+from dsbuild import AUTO, Config, Session, Training
 
 TEXTS = [
     "DeepSpeed partitions parameters, gradients and optimizer states across ranks.",
