@@ -1,8 +1,8 @@
 """dsbuild: typed, checked DeepSpeed configs, resolved like the HF Trainer, run by a Session.
 
 ``import dsbuild`` never imports torch, deepspeed, transformers or peft: building,
-checking, resolving and exporting configs is instant. Only ``Session`` (and
-``dsbuild train``) import them, when first used.
+checking, resolving and exporting configs (and reading job files with ``load_job``)
+is instant. Only ``Session`` (and ``dsbuild train``) import them, when first used.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from .errors import (
     UnknownKeyError,
     UnresolvedAutoError,
 )
+from .job import Job, load_job
 from .planner import Plan, plan
 from .presets import presets
 from .training import Training
@@ -38,6 +39,7 @@ __all__ = [
     "Diagnostic",
     "DsbuildError",
     "InvalidValueError",
+    "Job",
     "MissingDependencyError",
     "Plan",
     "PresetNotFoundError",
@@ -48,6 +50,7 @@ __all__ = [
     "UnknownKeyError",
     "UnresolvedAutoError",
     "__version__",
+    "load_job",
     "plan",
     "presets",
 ]

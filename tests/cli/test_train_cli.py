@@ -1,0 +1,295 @@
+"""Job files through the CLI: ``train`` refusing bad jobs (exit 2, one line each; 1 for config errors),
+``validate`` / ``explain`` / ``export`` on jobs, and ``export --for hf|accelerate``."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dsbuild import Config, load_job
+from dsbuild.cli import main
+from dsbuild.job import demo_job_path, for_hf
+
+DEMO = demo_job_path()
+
+JOB = """\
+[model]
+tokenizer = "byte"
+[model.config]
+model_type = "llama"
+hidden_size = 64
+intermediate_size = 128
+num_hidden_layers = 2
+num_attention_heads = 4
+num_key_value_heads = 4
+vocab_size = 384
+
+[data]
+path = "train.jsonl"
+format = "alpaca"
+max_length = 64
+
+[training]
+per_device_train_batch_size = 4
+learning_rate = 1e-3
+max_steps = 10
+
+[strategy]
+config = "zero2"
+"""
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    return code, out, err
+
+
+@pytest.fixture
+def job(tmp_path: Path) -> Path:
+    """A small valid job next to a copy of the demo's training data."""
+    shutil.copy(DEMO.parent / "arith_train.jsonl", tmp_path / "train.jsonl")
+    path = tmp_path / "job.toml"
+    path.write_text(JOB, encoding="utf-8")
+    return path
+
+
+def _edit(path: Path, old: str, new: str) -> Path:
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new))
+    return path
+
+
+# -- validate ------------------------------------------------------------------------------
+
+
+def test_validate_tells_job_files_from_configs(capsys: pytest.CaptureFixture[str], job: Path, tmp_path: Path) -> None:
+    """Job files and ds_configs in one call; a job's config problems are under strategy.config."""
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps(Config.zero(2).batch(micro=2).to_dict()))
+    code, out, err = run(capsys, "validate", str(job), str(config), str(DEMO))
+    assert (code, err) == (0, "")
+    assert out == f"{job}: ok\n{config}: ok\n{DEMO}: ok\n3 configs checked, 0 errors, 0 warnings\n"
+
+    _edit(
+        job,
+        'config = "zero2"',
+        'config = "zero2"\n[strategy.overrides.optimizer]\ntype = "AdamW"\nparams = {lr = 5e-4}',
+    )
+    code, out, _ = run(capsys, "validate", str(job))
+    assert code == 1
+    assert out.splitlines()[:3] == [
+        f"{job}: 1 error, 0 warnings",
+        " errors:",
+        '  strategy.config.optimizer.params.lr: 0.0005 disagrees with learning_rate = 0.001 (set the key to "auto" or to 0.001)',
+    ]
+    code, out, _ = run(capsys, "validate", str(job), "--set", "training.learning_rate=5e-4")
+    assert (code, out.splitlines()[0]) == (0, f"{job}: ok")
+
+
+def test_validate_lists_every_problem_of_a_bad_job(capsys: pytest.CaptureFixture[str], job: Path) -> None:
+    """A job a reader rejects is a job with errors (exit 1), like a config with bad values."""
+    _edit(job, "max_steps = 10", 'max_steps = 10\nlearning_rate_ = 1\nseed = "x"')
+    code, out, err = run(capsys, "validate", str(job))
+    assert (code, err) == (1, "")
+    assert out.splitlines()[2:4] == [
+        "  training.learning_rate_: unknown key (did you mean 'learning_rate'?)",
+        "  training.seed: got 'x', expected an integer >= 0",
+    ]
+
+
+def test_validate_set_is_for_jobs(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "validate", "zero2", "--set", "zero_optimization.stage=1")
+    assert code == 2
+    assert "--set applies to job files" in err and "zero2: unreadable" in out
+
+
+# -- train: refused before anything starts ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sets", "edit", "expected"),
+    [
+        (["training.learning_rate=fast"], None, ["training.learning_rate: got 'fast', expected a number >= 0"]),
+        (["trainig.max_steps=3"], None, ["trainig: unknown key (did you mean 'training'?)"]),
+        ([], ('path = "train.jsonl"', 'path = "nope.jsonl"'), ["data.path: no such file: '{dir}/nope.jsonl' (the training records, relative to the job file)"]),
+        ([], ('config = "zero2"', 'config = "zero2"\nname = "vllm"'),
+         ["strategy.name: got 'vllm', expected 'deepspeed_train' (the only strategy dsbuild runs)"]),
+        (["model.lora.r=0", "data.format=csv"], None,
+         ["model.lora.r: got 0, expected an integer > 0", "data.format: got 'csv', expected one of 'alpaca', 'text'"]),
+        (['launch.device_mapping="0-3,2"'], None, ["launch.device_mapping: device 2 listed twice"]),
+        (["training.max_steps"], None, None),
+    ],
+)  # fmt: skip
+def test_train_refuses_a_bad_job_with_one_line_per_problem(
+    capsys: pytest.CaptureFixture[str],
+    job: Path,
+    sets: list[str],
+    edit: tuple[str, str] | None,
+    expected: list[str] | None,
+) -> None:
+    """Exit 2, every problem on its own ``dsbuild: error: JOB: ...`` line, nothing on stdout, no traceback."""
+    if edit is not None:
+        _edit(job, *edit)
+    code, out, err = run(capsys, "train", str(job), *(f"--set={s}" for s in sets))
+    assert (code, out) == (2, "")
+    if expected is None:  # a malformed --set
+        assert (
+            err == "dsbuild: error: --set 'training.max_steps': expected KEY=VALUE, e.g. training.learning_rate=2e-5\n"
+        )
+        return
+    assert err.splitlines() == [f"dsbuild: error: {job}: " + e.format(dir=job.parent) for e in expected]
+
+
+def test_train_refuses_a_config_that_fails_validation(capsys: pytest.CaptureFixture[str], job: Path) -> None:
+    """A job whose config DeepSpeed would reject for this world size: exit 1, before any process starts."""
+    _edit(job, 'config = "zero2"', 'config = "zero2"\n[strategy.overrides]\ntrain_batch_size = 6')
+    code, out, err = run(capsys, "train", str(job), "--nproc-per-node", "2")
+    assert (code, out) == (1, "")
+    lines = err.splitlines()
+    assert lines[0].startswith(f"dsbuild: error: {job}: strategy.config.train_batch_size: ")
+    # The batch triangle's 6 / 2 processes = 3 disagrees with the micro batch too.
+    assert "strategy.config.train_micro_batch_size_per_gpu: " in lines[1]
+    assert lines[-1] == "dsbuild: error: not started: 2 errors"
+
+
+def test_train_checks_the_model_config_and_the_data_before_starting(
+    capsys: pytest.CaptureFixture[str], job: Path
+) -> None:
+    """A misspelt model config field and a bad data record are exit 2 too, before any process or model exists."""
+    _edit(job, "hidden_size = 64", "hidden_sise = 64")
+    code, out, err = run(capsys, "train", str(job))
+    assert (code, out) == (2, "")
+    assert err == (
+        f"dsbuild: error: {job}: model.config.hidden_sise: not a LlamaConfig field (did you mean 'hidden_size'?)\n"
+    )
+    _edit(job, "hidden_sise = 64", "hidden_size = 64")
+    (job.parent / "train.jsonl").write_text('{"instruction": "x", "output": "y"}\n{"instruction": "x"}\n')
+    code, out, err = run(capsys, "train", str(job))
+    assert (code, out) == (2, "")
+    data = job.parent / "train.jsonl"
+    assert err == f"dsbuild: error: {data}: line 2: field 'output': expected a string, it is missing\n"
+
+
+def test_train_usage_errors(capsys: pytest.CaptureFixture[str], job: Path) -> None:
+    code, _, err = run(capsys, "train", str(job), "--nnodes", "2")
+    assert code == 2 and "give each node's launch --node-rank R and --master-addr" in err
+    code, _, err = run(capsys, "train", str(job), "--nnodes", "2", "--node-rank", "2", "--master-addr", "127.0.0.1")
+    assert code == 2 and "--node-rank 2: expected 0 to 1 for 2 nodes" in err
+    code, _, err = run(capsys, "train", str(job), "--node-rank", "-1")
+    assert code == 2 and "expected an integer >= 0, got '-1'" in err
+
+
+def _dsbuild(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    return subprocess.run(
+        [sys.executable, "-m", "dsbuild", *argv], capture_output=True, text=True, cwd=cwd, timeout=120, env=env
+    )
+
+
+def test_device_mapping_holding_code_is_refused_and_never_run(job: Path, tmp_path: Path) -> None:
+    """A ROLL-style device_mapping string is parsed, never evaluated: code in it is an error, and it does not run."""
+    marker = tmp_path / "pwned"
+    payload = f"__import__('os').system('touch {marker}')"
+    _edit(job, "[strategy]", f'[launch]\ndevice_mapping = "{payload}"\n\n[strategy]')
+    for argv in (["train", str(job)], ["validate", str(job)], ["export", str(job), "-o", str(tmp_path / "x.json")]):
+        done = _dsbuild(*argv, cwd=tmp_path)
+        assert done.returncode in (1, 2), done
+        assert "Traceback" not in done.stdout + done.stderr
+        assert "launch.device_mapping: cannot read \"__import__('os').system(" in done.stdout + done.stderr
+    done = _dsbuild("train", str(job), "--set", f"launch.device_mapping=list(range(0,2)) + [{payload}]", cwd=tmp_path)
+    assert done.returncode == 2 and "launch.device_mapping: cannot read" in done.stderr
+    assert not marker.exists()
+
+
+def test_job_commands_import_nothing_heavy(job: Path) -> None:
+    """validate / explain / export on a job never import torch & co (only train does)."""
+    code = (
+        "import sys\nfrom dsbuild.cli import main\n"
+        f"codes = [main(['validate', {str(job)!r}]), main(['explain', {str(job)!r}]),"
+        f" main(['export', {str(job)!r}, '--for', 'hf', '-o', {str(job.parent / 'hf.json')!r}])]\n"
+        "print('CODES', codes, sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'deepspeed', 'transformers', 'peft'}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "CODES [0, 0, 0] []" in done.stdout
+
+
+# -- explain / export ------------------------------------------------------------------------
+
+
+def test_explain_a_job_says_where_each_value_came_from(capsys: pytest.CaptureFixture[str], job: Path) -> None:
+    code, out, _ = run(capsys, "explain", str(job), "--set", "training.gradient_accumulation_steps=2")
+    assert code == 0
+    rows = {line.split()[0]: line for line in out.splitlines()}
+    assert rows["train_batch_size"].split()[1] == "8"
+    assert rows["optimizer.params.lr"].endswith("training argument learning_rate")
+    assert rows["optimizer.type"].endswith("job: the HF Trainer's AdamW (the strategy config has no optimizer)")
+    assert rows["scheduler.params.total_num_steps"].split()[1:] == ["10", "training", "argument", "max_steps"]
+    assert f"preset zero2 in {job}" in rows["zero_optimization.stage"]
+    code, out, _ = run(capsys, "explain", str(job), "--world-size", "4")
+    assert {line.split()[0]: line.split()[1] for line in out.splitlines()}["train_batch_size"] == "16"
+    code, _, err = run(capsys, "explain", str(job), "--training", str(job))
+    assert code == 2 and "a job has its own [training]: change it with --set training.KEY=VALUE" in err
+
+
+def test_export_a_job_as_is_resolved_and_for_hf(capsys: pytest.CaptureFixture[str], job: Path, tmp_path: Path) -> None:
+    """As is: the run's config with "auto"; --resolve: what Session hands DeepSpeed; --for hf: the Trainer's autos."""
+    loaded = load_job(job)
+    code, out, _ = run(capsys, "export", str(job), "-o", str(tmp_path / "as_is.json"))
+    assert (code, out) == (0, f"wrote {tmp_path / 'as_is.json'}\n")
+    assert json.loads((tmp_path / "as_is.json").read_text()) == loaded.config.to_dict()
+
+    code, _, _ = run(capsys, "export", str(job), "--resolve", "--world-size", "2", "-o", str(tmp_path / "r.json"))
+    resolved = json.loads((tmp_path / "r.json").read_text())
+    assert code == 0 and '"auto"' not in json.dumps(resolved)
+    assert resolved == loaded.resolve(world_size=2).to_dict() and resolved["train_batch_size"] == 8
+
+    code, _, _ = run(capsys, "export", str(job), "--for", "hf", "-o", str(tmp_path / "hf.json"))
+    assert code == 0
+    assert json.loads((tmp_path / "hf.json").read_text()) == for_hf(loaded.config).to_dict()
+
+    code, _, err = run(capsys, "export", str(job), "--for", "hf", "--resolve", "-o", str(tmp_path / "x.json"))
+    assert code == 2 and "use one or the other" in err
+
+
+def test_export_a_preset_for_the_hf_trainer(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """`dsbuild export zero3 --for hf -o ds_config.json`: what TrainingArguments(deepspeed=...) expects, checked."""
+    out_path = tmp_path / "ds_config.json"
+    code, _, _ = run(capsys, "export", "zero3", "--for", "hf", "--check", "-o", str(out_path))
+    assert code == 0
+    written = json.loads(out_path.read_text())
+    assert written == for_hf(Config.preset("zero3")).to_dict()
+    assert written["zero_optimization"]["stage3_prefetch_bucket_size"] == "auto"
+    assert written["train_micro_batch_size_per_gpu"] == "auto" and written["bf16"] == {"enabled": "auto"}
+
+
+def test_export_for_accelerate_writes_a_config_and_the_ds_config(
+    capsys: pytest.CaptureFixture[str], job: Path, tmp_path: Path
+) -> None:
+    """--for accelerate: OUT is Accelerate's YAML, pointing at the hf ds_config written beside it."""
+    yaml = pytest.importorskip("yaml")
+    out_path = tmp_path / "accelerate.yaml"
+    code, out, _ = run(capsys, "export", str(job), "--for", "accelerate", "--set", "launch.nproc_per_node=4",
+                       "--set", "training.bf16=true", "-o", str(out_path))  # fmt: skip
+    assert code == 0
+    ds_path = tmp_path / "ds_config.json"
+    assert out.splitlines() == [
+        f"wrote {ds_path}",
+        f"wrote {out_path}  (accelerate launch --config_file {out_path} your_script.py)",
+    ]
+    settings = yaml.safe_load(out_path.read_text())
+    assert settings["distributed_type"] == "DEEPSPEED" and settings["compute_environment"] == "LOCAL_MACHINE"
+    assert settings["deepspeed_config"] == {"deepspeed_config_file": str(ds_path), "zero3_init_flag": False}
+    assert (settings["num_processes"], settings["num_machines"], settings["mixed_precision"]) == (4, 1, "bf16")
+    assert json.loads(ds_path.read_text())["train_batch_size"] == "auto"
+    code, _, err = run(capsys, "export", "zero3", "--for", "accelerate", "-o", str(tmp_path / "a.json"))
+    assert code == 2 and "name it .yaml or .yml" in err

@@ -1,0 +1,100 @@
+"""Every file in examples/ runs, with small settings: the scripts end to end, the job files checked
+(examples/job_lora_zero3.toml trains in test_train.py), the Lightning snippet's config part."""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dsbuild import Config, load_job
+from dsbuild.session._dist import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+
+
+def example(name: str, *argv: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess[str]:
+    """``python examples/NAME ARGV`` in a fresh process, with its own port for a one-process DeepSpeed world."""
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "MASTER_PORT": str(free_port())}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR"):
+        env.pop(key, None)
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / name), *argv], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    return done
+
+
+def test_every_example_is_covered() -> None:
+    """A new example needs a test here."""
+    assert sorted(p.name for p in EXAMPLES.iterdir() if p.is_file()) == [
+        "build_config.py",
+        "custom_loop.py",
+        "hf_trainer.py",
+        "job_lora_zero3.toml",
+        "lightning_snippet.py",
+    ]
+
+
+def test_build_config(tmp_path: Path) -> None:
+    """Builds a config in Python and writes it and every preset as JSON and TOML."""
+    done = example("build_config.py", str(tmp_path / "out"), cwd=tmp_path)
+    assert "wrote" in done.stdout.splitlines()[-1]
+    assert Config.load(tmp_path / "out" / "zero3_offload_adamw.json") == Config.load(
+        tmp_path / "out" / "zero3_offload_adamw.toml"
+    )
+
+
+def test_custom_loop(tmp_path: Path) -> None:
+    """Your own loop on a Session: ZeRO-3 + LoRA, checkpoint, resume reproducing the losses, adapters reloaded."""
+    done = example("custom_loop.py", "--steps", "4", "--out", str(tmp_path / "loop"), cwd=tmp_path)
+    assert "resumed losses equal to the uninterrupted run's: True" in done.stdout
+    assert "trained LoRA B matrices loaded with peft" in done.stdout
+
+
+def test_hf_trainer_with_an_exported_config(tmp_path: Path) -> None:
+    """`dsbuild export zero3 --for hf` then a real Trainer.train() on it: ZeRO-3, bf16, every "auto" filled."""
+    out = tmp_path / "hf"
+    done = example("hf_trainer.py", "--steps", "3", "--out", str(out), cwd=tmp_path)
+    lines = done.stdout.splitlines()
+    assert "DeepSpeedEngine, ZeRO stage 3, bf16 True, built partitioned: True" in lines
+    assert 'the Trainer filled every "auto": True' in lines
+    (trained,) = [line for line in lines if line.startswith("trained ")]
+    first, last = (float(x) for x in trained.split("loss ")[1].split(" -> "))
+    assert trained.startswith("trained 3 steps") and last < first
+    exported = json.loads((out / "ds_config.json").read_text())
+    assert exported["train_micro_batch_size_per_gpu"] == "auto" and exported["zero_optimization"]["stage"] == 3
+
+
+def test_lightning_snippet_config() -> None:
+    """The config Lightning's DeepSpeedStrategy gets: resolved (Lightning fills no "auto"), checked."""
+    snippet = runpy.run_path(str(EXAMPLES / "lightning_snippet.py"), run_name="example")
+    config = snippet["lightning_config"](8)
+    assert '"auto"' not in json.dumps(config)
+    assert config["train_batch_size"] == 4 * 4 * 8 and config["bf16"] == {"enabled": True}
+    assert config["scheduler"]["params"]["total_num_steps"] == 2_000
+    assert Config.from_dict(config).validate(world_size=8, resolved=True) == []
+
+
+def test_lightning_snippet_strategy() -> None:
+    """With Lightning installed, its DeepSpeedStrategy takes the dict as it is."""
+    pytest.importorskip("lightning", reason="Lightning is not installed (pip install lightning)")
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+
+    snippet = runpy.run_path(str(EXAMPLES / "lightning_snippet.py"), run_name="example")
+    strategy = DeepSpeedStrategy(config=snippet["lightning_config"](2))
+    assert strategy.config["zero_optimization"]["stage"] == 2
+
+
+def test_lora_job_file_is_valid() -> None:
+    """The LoRA ZeRO-3 job: two processes from its ROLL-style device_mapping, a clean config."""
+    job = load_job(EXAMPLES / "job_lora_zero3.toml")
+    assert job.launch.device_mapping == (0, 1) and job.launch.world_size == 2
+    assert job.model.lora is not None and job.model.lora.target_modules == ("q_proj", "k_proj", "v_proj", "o_proj")
+    assert job.data.format == "text" and job.validate() == []
