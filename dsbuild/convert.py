@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping
-from functools import cache
 from typing import Any
 
 import attrs
@@ -92,16 +91,10 @@ def _ready_check(spec: Spec) -> Callable[[Any], bool]:
     The long way (``_coerce`` then ``check_value``) decides; this only skips it for values that
     plainly fit, so it may say ``False`` too often but never ``True`` wrongly.
     """
-    lo = -math.inf if spec.ge is None else spec.ge
-    hi = math.inf if spec.le is None else spec.le
-    gt = -math.inf if spec.gt is None else spec.gt
     if spec.kind == "bool":
         return lambda v: v is True or v is False
-    if spec.kind == "int":
-        return lambda v: type(v) is int and lo <= v <= hi and v > gt
-    if spec.kind == "float":
-        # v - v == 0 is false for inf and nan.
-        return lambda v: (type(v) is float or type(v) is int) and lo <= v <= hi and v > gt and v - v == 0
+    if spec.kind in ("int", "float"):
+        return _number_check(spec)
     if spec.kind == "str":
         return lambda v: type(v) is str and v != "auto"
     if spec.kind == "choice":
@@ -110,8 +103,31 @@ def _ready_check(spec: Spec) -> Callable[[Any], bool]:
     return lambda v: False
 
 
-@cache
+def _number_check(spec: Spec) -> Callable[[Any], bool]:
+    """``_ready_check`` of an int or float field: only the bounds the field has are compared (most have none)."""
+    tests = ["type(v) is int" if spec.kind == "int" else "(type(v) is float or type(v) is int)"]
+    bounds: dict[str, float] = {}
+    for name, op, bound in (("ge", ">=", spec.ge), ("le", "<=", spec.le), ("gt", ">", spec.gt)):
+        if bound is not None:
+            tests.append(f"v {op} {name}")
+            bounds[name] = bound
+    if spec.kind == "float":
+        tests.append("v - v == 0")  # false for inf and nan
+    check: Callable[[Any], bool] = eval("lambda v: " + " and ".join(tests), bounds)
+    return check
+
+
+_FIELDS: dict[type, dict[str, _Field]] = {}
+
+
 def _fields_of(cls: type) -> dict[str, _Field]:
+    fields = _FIELDS.get(cls)
+    if fields is None:
+        fields = _FIELDS[cls] = _read_fields(cls)
+    return fields
+
+
+def _read_fields(cls: type) -> dict[str, _Field]:
     return {
         key_of(a): _Field(
             key_of(a),
@@ -169,10 +185,11 @@ class _Reader:
         if type(data) is not dict and not isinstance(data, Mapping):
             self.problems.append(Problem(path, f"got {describe(data)}, expected a table"))
             return None
-        data = self.legacy(cls, data, path)
+        if cls in RENAMED_KEYS or cls is ZeroOptimization:
+            data = self.legacy(cls, data, path)
         if cls is Optimizer or cls is Scheduler:
             return self.typed_section(cls, data, path)
-        fields = _fields_of(cls)
+        fields = _FIELDS.get(cls) or _fields_of(cls)
         kwargs: dict[str, Any] = {}
         for key, value in data.items():
             field = fields.get(key)

@@ -39,11 +39,10 @@ transformers or peft. ``training`` and ``model`` are read by attribute name.
 from __future__ import annotations
 
 import json
+import keyword
 import operator
-from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from itertools import compress, repeat
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple, cast
 
 import attrs
 
@@ -442,12 +441,18 @@ def _replaced(obj: Any, changes: Mapping[str, Any]) -> Any:
             return {**obj, **changes}
         slots = _slots(type(obj))
     new = object.__new__(type(obj))
-    # Copy every slot at C speed (the "consume" recipe of itertools), then set the changes.
-    deque(map(object.__setattr__, repeat(new), slots.names, slots.values(obj)), maxlen=0)
+    # Copy every slot at C speed, then set the changes: the setter returns None, so any() runs it on every slot
+    # (cheaper than a deque(..., maxlen=0) to consume the map), and one bound to the new object once is cheaper to
+    # call than object.__setattr__ with the object each time.
+    set_slot = _OBJECT_SETATTR.__get__(new)
+    any(map(set_slot, slots.names, slots.values(obj)))
     attr_of = slots.attr_of
     for key, value in changes.items():
-        object.__setattr__(new, attr_of.get(key, key), value)
+        set_slot(attr_of.get(key, key), value)
     return new
+
+
+_OBJECT_SETATTR: Final = object.__setattr__
 
 
 def _new_section(parent: Any, key: str) -> Any:
@@ -728,11 +733,11 @@ def _derive(res: _Resolution, key: str, value: int, origin: str, was: dict[str, 
 
 
 class _Layout(NamedTuple):
-    """Where ``AUTO`` may sit in an attrs class: its fields' ds keys, a getter of all their values at once, and
-    which of them hold sections (searched in turn) and pairs or lists (which may hold ``AUTO`` inside)."""
+    """Where ``AUTO`` may sit in an attrs class: its fields' ds keys and attribute names, and which of them hold
+    sections (searched in turn) and pairs or lists (which may hold ``AUTO`` inside)."""
 
     keys: tuple[str, ...]
-    values: Callable[[Any], tuple[Any, ...]]
+    names: tuple[str, ...]
     nested: tuple[int, ...]
     sequences: tuple[int, ...]
 
@@ -761,7 +766,7 @@ def _layout_of(cls: type) -> _Layout:
             sequences.append(len(keys))
         keys.append(key_of(a))
         names.append(a.name)
-    return _Layout(tuple(keys), _getter(names), tuple(nested), tuple(sequences))
+    return _Layout(tuple(keys), tuple(names), tuple(nested), tuple(sequences))
 
 
 def _getter(names: list[str]) -> Callable[[Any], tuple[Any, ...]]:
@@ -778,29 +783,49 @@ def auto_paths(obj: Any) -> list[str]:
     return found
 
 
-_AUTOS: Final = repeat(AUTO)
-
-
 def _collect_autos(obj: Any, prefix: str, found: list[str]) -> None:
-    layout = _LAYOUTS.get(type(obj))
-    if layout is None:
+    walker = _WALKERS.get(type(obj))
+    if walker is None:
         if isinstance(obj, Mapping):
             found.extend([prefix + key for key, value in obj.items() if value is AUTO])
             return
-        layout = _layout(type(obj))
-    keys, values, nested, sequences = layout
-    found_values = values(obj)
-    # Most fields are unset: look for AUTO at C speed, then only at the few fields that nest.
-    if any(map(operator.is_, found_values, _AUTOS)):
-        found.extend([prefix + key for key in compress(keys, map(operator.is_, found_values, _AUTOS))])
+        walker = _WALKERS[type(obj)] = _make_walker(type(obj))
+    walker(obj, prefix, found)
+
+
+_Walker = Callable[[Any, str, list[str]], None]
+_WALKERS: dict[type, _Walker] = {}
+
+
+def _make_walker(cls: type) -> _Walker:
+    """``_collect_autos`` for the attrs class ``cls``, as straight-line code (like the ``__init__`` attrs writes):
+    reading a field is then a few instructions, not a call.
+
+    The fields that are ``AUTO``, in order, then the ``AUTO`` inside the fields that nest (sections, params), then
+    the pairs and lists holding one.
+    """
+    keys, names, nested, sequences = _layout(cls)
+    reads = [f"obj.{name}" if name.isidentifier() and not keyword.iskeyword(name) else f"getattr(obj, {name!r})"
+             for name in names]  # fmt: skip
+    lines = ["def walk(obj, prefix, found, AUTO=AUTO):"]
+    for key, read in zip(keys, reads, strict=True):
+        lines += [f"    if {read} is AUTO:", f"        found.append(prefix + {key!r})"]
     for i in nested:
-        value = found_values[i]
-        if value is not None and value is not AUTO:
-            _collect_autos(value, f"{prefix}{keys[i]}.", found)
+        lines += [
+            f"    value = {reads[i]}",
+            "    if value is not None and value is not AUTO:",
+            f"        collect(value, prefix + {keys[i] + '.'!r}, found)",
+        ]
     for i in sequences:
-        value = found_values[i]
-        if value is not None and value is not AUTO and AUTO in value:
-            found.append(prefix + keys[i])
+        lines += [
+            f"    value = {reads[i]}",
+            "    if value is not None and value is not AUTO and AUTO in value:",
+            f"        found.append(prefix + {keys[i]!r})",
+        ]
+    lines.append("    return None")
+    namespace = {"AUTO": AUTO, "collect": _collect_autos}
+    exec(compile("\n".join(lines), f"<auto walker of {cls.__module__}.{cls.__qualname__}>", "exec"), namespace)
+    return cast(_Walker, namespace["walk"])
 
 
 _NOT_FILLED: Final = _Need(

@@ -43,10 +43,14 @@ names of ``torch.optim`` classes are a static list.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
+import keyword
+import operator
 import re
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Final, Literal, cast
+from itertools import compress, repeat
+from typing import Any, Final, Literal, NamedTuple, TypeGuard, cast
 
 import attrs
 
@@ -179,8 +183,12 @@ _STAGE3_BUCKETS: Final = (
 _RESOLVE_HINT: Final = 'cfg.resolve(...) or `dsbuild export --resolve`; for the HF Trainer validate with target="hf"'
 
 
+@functools.cache
 def _deepspeed_version() -> tuple[int, ...] | None:
-    """The installed DeepSpeed's version as numbers, or ``None`` when it is not installed (newest rules)."""
+    """The installed DeepSpeed's version as numbers, or ``None`` when it is not installed (newest rules).
+
+    Read once per process (reading package metadata costs far more than validating a config).
+    """
     try:
         text = importlib.metadata.version("deepspeed")
     except importlib.metadata.PackageNotFoundError:
@@ -197,13 +205,34 @@ def _known(value: Any) -> Any:
     return None if value is AUTO else value
 
 
+def _is_table(value: Any) -> TypeGuard[Mapping[str, Any]]:
+    """``isinstance(value, Mapping)``, answered without the ABC check for a dict or a section (never a Mapping)."""
+    kind = type(value)
+    return kind is dict or (not _is_attrs(kind) and isinstance(value, Mapping))
+
+
 def _param(params: Any, name: str) -> Any:
     """Optimizer/scheduler param ``name`` from typed params or a free table; ``None`` when unset."""
     if params is None:
         return None
+    if type(params) is dict:  # a free table, as read from a file (the common case, checked first)
+        return params.get(name)
+    if _is_attrs(type(params)):  # typed params: a section, never a Mapping
+        return getattr(params, name, None)
     if isinstance(params, Mapping):
         return params.get(name)
     return getattr(params, name, None)
+
+
+@functools.cache
+def _version_text(version: tuple[int, ...] | None) -> str:
+    return "DeepSpeed " + ".".join(map(str, version)) if version else "DeepSpeed"
+
+
+@functools.cache
+def _no_zero() -> ZeroOptimization:
+    """The ``zero_optimization`` section of a config without one (made once: sections are immutable)."""
+    return ZeroOptimization()
 
 
 class _Facts:
@@ -217,9 +246,10 @@ class _Facts:
         self.target = target
         self.resolved = resolved
         self.version = version
-        self.version_text = "DeepSpeed " + ".".join(map(str, version)) if version else "DeepSpeed"
+        self.version_text = _version_text(version)
+        self.rule = ""  # the rule running now (validate() sets it): its diagnostics carry its name
 
-        zero = config.zero_optimization or ZeroOptimization()
+        zero = config.zero_optimization or _no_zero()
         self.zero = zero
         self.stage: int | None = 0 if zero.stage is None else _known(zero.stage)
         oo, op = zero.offload_optimizer, zero.offload_param
@@ -249,10 +279,10 @@ class _Facts:
         return default if value is None else _known(value)
 
     def error(self, path: str, message: str, hint: str | None = None) -> Diagnostic:
-        return Diagnostic(path, "error", message, hint)
+        return Diagnostic(path, "error", message, hint, self.rule)
 
     def warning(self, path: str, message: str, hint: str | None = None) -> Diagnostic:
-        return Diagnostic(path, "warning", message, hint)
+        return Diagnostic(path, "warning", message, hint, self.rule)
 
     def cpu_adam(self) -> bool | None:
         """Whether DeepSpeed will build its CPU Adam (needed by the low-precision master weights)."""
@@ -284,6 +314,8 @@ def _rule(name: str) -> Callable[[Rule], Rule]:
 @_rule("removed-section")
 def _removed_sections(f: _Facts) -> Iterator[Diagnostic]:
     """A top-level section DeepSpeed removed (``amp``, ``sparse_attention``, ...): DeepSpeed refuses the config."""
+    if not f.config.extra:
+        return
     from .convert import REMOVED_KEYS
 
     for key in f.config.extra:
@@ -399,6 +431,8 @@ def _master_weights(f: _Facts) -> Iterator[Diagnostic]:
     fp16_master = fp16 is not None and fp16.fp16_master_weights_and_grads is True
     bf16_master = bf16 is not None and bf16.bf16_master_weights_and_grads is True
     bf16_states = bf16 is not None and bf16.bf16_optimizer_states is True
+    if not (fp16_master or bf16_master or bf16_states):
+        return  # every finding below is about one of them
     settings = (
         ("fp16.fp16_master_weights_and_grads", fp16_master),
         ("bf16.bf16_master_weights_and_grads", bf16_master),
@@ -492,6 +526,9 @@ def _optimizer_name(f: _Facts) -> Iterator[Diagnostic]:
     yield f.error("optimizer.type", f"{f.version_text} does not know optimizer {name!r}", hint)
 
 
+_FUSED: Final = {"adam": "FusedAdam", "adamw": "FusedAdam", "lamb": "FusedLamb"}
+
+
 @_rule("optimizer-params")
 def _optimizer_params(f: _Facts) -> Iterator[Diagnostic]:
     """Optimizer params the class DeepSpeed picks does not take: ``max_grad_norm`` (always refused), AMSGrad in the
@@ -514,7 +551,7 @@ def _optimizer_params(f: _Facts) -> Iterator[Diagnostic]:
             "torch's Adam/AdamW (torch_adam: true) take no bias_correction",
             "remove it",
         )
-    fused = {"adam": "FusedAdam", "adamw": "FusedAdam", "lamb": "FusedLamb"}.get(f.opt_ds or "")
+    fused = _FUSED.get(f.opt_ds or "")
     if fused and (f.opt_ds == "lamb" or (not f.cpu_optimizer and not torch_adam)) and _param(params, "amsgrad") is True:
         yield f.error(
             "optimizer.params.amsgrad",
@@ -681,6 +718,12 @@ def _managed_accumulation(f: _Facts) -> Iterator[Diagnostic]:
         )
 
 
+_REQUIRED_PARAMS: Final[Mapping[str, tuple[str, ...]]] = {
+    "WarmupDecayLR": ("total_num_steps",), "WarmupCosineLR": ("total_num_steps",),
+    "OneCycle": ("cycle_min_lr", "cycle_max_lr"),
+}  # fmt: skip
+
+
 @_rule("scheduler")
 def _scheduler(f: _Facts) -> Iterator[Diagnostic]:
     """Scheduler names DeepSpeed does not know, params its scheduler does not take, required params missing
@@ -697,7 +740,7 @@ def _scheduler(f: _Facts) -> Iterator[Diagnostic]:
         return
     params = scheduler.params
     typed = scheduler_params_class(name)
-    if typed is not None and isinstance(params, Mapping):
+    if typed is not None and _is_table(params):
         names = {key_of(a) for a in attrs.fields(typed)}
         for key in params:
             if key not in names:
@@ -707,8 +750,7 @@ def _scheduler(f: _Facts) -> Iterator[Diagnostic]:
                     f"{name} takes no parameter {key!r}: DeepSpeed fails with a TypeError",
                     hint,
                 )
-    required = {"WarmupDecayLR": ("total_num_steps",), "WarmupCosineLR": ("total_num_steps",),
-                "OneCycle": ("cycle_min_lr", "cycle_max_lr")}.get(name, ())  # fmt: skip
+    required = _REQUIRED_PARAMS.get(name, ())
     for key in required:
         if _param(params, key) is None:
             hint = 'set it, or "auto" for resolve() / the HF Trainer' if key == "total_num_steps" else "set it"
@@ -819,9 +861,11 @@ def _batch(f: _Facts) -> Iterator[Diagnostic]:
             else f.warning("train_micro_batch_size_per_gpu", message, hint)
         )
         return
-    if AUTO in (train, micro, accum):
+    if train is AUTO or micro is AUTO or accum is AUTO:
         return
-    train, micro, accum = (k if isinstance(k, int) else None for k in (train, micro, accum))
+    train = train if isinstance(train, int) else None
+    micro = micro if isinstance(micro, int) else None
+    accum = accum if isinstance(accum, int) else None
     if f.world_size is None:
         yield from _batch_without_world(f, train, micro, accum)
         return
@@ -949,24 +993,124 @@ def _autos(f: _Facts) -> Iterator[Diagnostic]:
             )
 
 
-def _auto_paths(obj: Any, path: str) -> Iterator[str]:
+def _auto_paths(obj: Any, path: str) -> list[str]:
     """Dotted paths of every ``AUTO`` in a config (typed sections and free optimizer/scheduler params)."""
-    for a in attrs.fields(type(obj)):
-        if a.name in ("extra", "ignored", "source", "provenance"):
-            continue
-        value = getattr(obj, a.name)
-        sub = f"{path}.{key_of(a)}" if path else key_of(a)
+    found: list[str] = []
+    _collect_autos(obj, path, found)
+    return found
+
+
+def _collect_autos(obj: Any, path: str, found: list[str]) -> None:
+    """Append to ``found`` the path of every ``AUTO`` in the section ``obj`` (at ``path``), in field order."""
+    walker = _WALKERS.get(type(obj))
+    if walker is None:
+        walker = _WALKERS[type(obj)] = _make_walker(type(obj))
+    walker(obj, path, found)
+
+
+def _collect_all(obj: Any, path: str, found: list[str]) -> None:
+    """``_collect_autos`` for a section with ``AUTO`` among its own fields: every field is looked at."""
+    keys, values, free = _auto_layout(type(obj))
+    got = values(obj)
+    # A plain number, string or boolean holds no AUTO: those (most fields, with the unset ones) are skipped at C speed.
+    for i in compress(_INDICES, map(_PLAIN_TYPES.get, map(type, got), _ONES)):
+        _collect_field(got[i], f"{path}.{keys[i]}" if path else keys[i], free[i], found)
+
+
+def _collect_field(value: Any, sub: str, free: bool, found: list[str]) -> None:
+    """The ``AUTO`` of one field, at ``sub``, that is set."""
+    if sub == "data_types.keep_in_fp32_modules":
+        return  # DeepSpeed's own "auto": it picks the modules itself
+    if value is AUTO or (isinstance(value, tuple) and any(x is AUTO for x in value)):
+        found.append(sub)
+    elif _is_attrs(type(value)):
+        _collect_autos(value, sub, found)
+    elif free and isinstance(value, Mapping):  # free params of torch optimizers and schedulers
+        found.extend([f"{sub}.{key}" for key, item in value.items() if item is AUTO])
+
+
+class _AutoLayout(NamedTuple):
+    """The fields ``_auto_paths`` reads in a section class: all but ``extra``, ``ignored``, ``source``,
+    ``provenance``."""
+
+    keys: tuple[str, ...]
+    """Their ds keys."""
+    values: Callable[[Any], tuple[Any, ...]]
+    """A getter of all their values at once."""
+    free: tuple[bool, ...]
+    """Which are free tables (no ``Spec``: optimizer/scheduler params)."""
+
+
+_Walker = Callable[[Any, str, list[str]], None]
+_WALKERS: dict[type, _Walker] = {}
+_AUTO_LAYOUTS: dict[type, _AutoLayout] = {}
+_ATTRS_CLASSES: dict[type, bool] = {}
+_INDICES: Final = range(1 << 30)
+_ONES: Final = repeat(1)
+_PLAIN_TYPES: Final[dict[type, int]] = {type(None): 0, bool: 0, int: 0, float: 0, str: 0}
+"""Types of values that hold no ``AUTO`` (mapped to 0: skipped); any other type maps to 1 by default."""
+_FLAT_KINDS: Final = ("int", "float", "bool", "str", "choice", "mapping", "json")
+"""Field kinds whose value holds no ``AUTO`` unless it is ``AUTO`` (their validators allow nothing else)."""
+
+
+def _auto_fields(cls: type) -> list[attrs.Attribute[Any]]:
+    return [a for a in attrs.fields(cls) if a.name not in ("extra", "ignored", "source", "provenance")]
+
+
+def _auto_layout(cls: type) -> _AutoLayout:
+    layout = _AUTO_LAYOUTS.get(cls)
+    if layout is None:
+        fields = _auto_fields(cls)
+        names = [a.name for a in fields]
+        getter = operator.attrgetter(*names) if len(names) > 1 else lambda obj: tuple(getattr(obj, n) for n in names)
+        layout = _AUTO_LAYOUTS[cls] = _AutoLayout(
+            keys=tuple(key_of(a) for a in fields),
+            values=getter,
+            free=tuple(a.metadata.get("dsbuild") is None for a in fields),
+        )
+    return layout
+
+
+def _make_walker(cls: type) -> _Walker:
+    """``_collect_autos`` for the section class ``cls``, as straight-line code (an attribute read is then a few
+    instructions, not a call), like the ``__init__`` attrs writes.
+
+    The common case is a section with no ``AUTO`` among its fields: then only its sections, pairs, lists and
+    optimizer/scheduler params can hold one further down, and only those are looked at. Otherwise
+    ``_collect_all`` looks at every field.
+    """
+    fields = _auto_fields(cls)
+    reads = [f"obj.{a.name}" if a.name.isidentifier() and not keyword.iskeyword(a.name) else f"getattr(obj, {a.name!r})"
+             for a in fields]  # fmt: skip
+    lines = ["def walk(obj, path, found, AUTO=AUTO):"]
+    if fields:
+        lines += [
+            "    if " + " or ".join(f"{read} is AUTO" for read in reads) + ":",
+            "        return all(obj, path, found)",
+        ]
+    for a, read in zip(fields, reads, strict=True):
         spec = a.metadata.get("dsbuild")
-        if sub == "data_types.keep_in_fp32_modules":
-            continue  # DeepSpeed's own "auto": it picks the modules itself
-        if value is AUTO or (isinstance(value, tuple) and any(x is AUTO for x in value)):
-            yield sub
-        elif attrs.has(type(value)):
-            yield from _auto_paths(value, sub)
-        elif isinstance(value, Mapping) and spec is None:  # free params of torch optimizers and schedulers
-            for key, item in value.items():
-                if item is AUTO:
-                    yield f"{sub}.{key}"
+        if spec is not None and spec.kind in _FLAT_KINDS:
+            continue
+        key = key_of(a)
+        sub = f"path + {'.' + key!r} if path else {key!r}"
+        lines += [f"    value = {read}", "    if value is not None:"]
+        if spec is not None and spec.kind == "section":
+            lines.append(f"        section(value, {sub}, found)")  # a section (its validator says so)
+        else:
+            lines.append(f"        field(value, {sub}, {spec is None}, found)")
+    lines.append("    return None")
+    namespace = {"AUTO": AUTO, "all": _collect_all, "section": _collect_autos, "field": _collect_field}
+    exec(compile("\n".join(lines), f"<auto walker of {cls.__module__}.{cls.__qualname__}>", "exec"), namespace)
+    return cast(_Walker, namespace["walk"])
+
+
+def _is_attrs(cls: type) -> bool:
+    """``attrs.has(cls)``, remembered per class."""
+    known = _ATTRS_CLASSES.get(cls)
+    if known is None:
+        known = _ATTRS_CLASSES[cls] = attrs.has(cls)
+    return known
 
 
 # -- helpers ---------------------------------------------------------------------
@@ -1037,8 +1181,15 @@ def validate(
     if world_size is not None and (not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1):
         raise InvalidValueError(Problem("world_size", f"got {describe(world_size)}, expected an integer >= 1"))
     facts = _Facts(config, world_size, cast(Target, target), resolved, _deepspeed_version())
-    found = [attrs.evolve(d, rule=name) for name, rule in RULES.items() for d in rule(facts)]
-    return sorted(found, key=lambda d: d.severity != "error")
+    errors: list[Diagnostic] = []
+    warnings: list[Diagnostic] = []
+    for name, rule in RULES.items():
+        facts.rule = name
+        for d in rule(facts):
+            if d.rule != name or type(d) is not Diagnostic:
+                d = attrs.evolve(d, rule=name)
+            (errors if d.severity == "error" else warnings).append(d)
+    return errors + warnings
 
 
 def check(config: Config, *, world_size: int | None = None, target: str = "deepspeed", resolved: bool = False) -> None:
