@@ -22,9 +22,7 @@ from typing import Any
 
 CASES = {
     "dsbuild: import + build + to_dict": (
-        "import dsbuild\n"
-        "from dsbuild import Config\n"
-        "Config.zero(3).offload_cpu().bf16().adamw(lr=1e-5).to_dict()\n"
+        "import dsbuild\nfrom dsbuild import Config\nConfig.zero(3).offload_cpu().bf16().adamw(lr=1e-5).to_dict()\n"
     ),
     "python -c 'import deepspeed'": "import deepspeed\n",
     "HF HfTrainerDeepSpeedConfig(same config)": (
@@ -52,7 +50,7 @@ def run_once(code: str) -> tuple[float, float]:
 
 def fresh_process(repeats: int) -> dict[str, dict[str, float]]:
     samples: dict[str, list[tuple[float, float]]] = {name: [] for name in CASES}
-    for name, code in CASES.items():  # warm the page cache once
+    for code in CASES.values():  # warm the page cache once
         run_once(code)
     for _ in range(repeats):
         for name, code in CASES.items():
@@ -87,7 +85,7 @@ def in_process() -> dict[str, float]:
         "from_dict -> to_dict, built ZeRO-3 offload (configs/s)": throughput(lambda: Config.from_dict(built).to_dict()),
     }
     try:
-        from dsbuild.resolve import Training
+        from dsbuild.training import Training
     except ImportError:
         return out
     training = Training(learning_rate=2e-5, per_device_train_batch_size=4, gradient_accumulation_steps=2, bf16=True)

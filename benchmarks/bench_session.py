@@ -124,10 +124,14 @@ def main() -> None:
     print(f"ZeRO-{args.stage}, Llama {MODEL.num_hidden_layers}x{MODEL.hidden_size}, micro {args.micro} x seq {args.seq}, "
           f"{args.rounds} alternating rounds of {args.steps} timed micro-batches, {torch.get_num_threads()} threads")  # fmt: skip
     for name, r in summary.items():
-        print(f"  {name:<18} {r['micro_batches_per_s']:8.2f} micro-batches/s   first step {r['time_to_first_step_s']:.2f} s")
+        print(
+            f"  {name:<18} {r['micro_batches_per_s']:8.2f} micro-batches/s   first step {r['time_to_first_step_s']:.2f} s"
+        )
     print(f"  throughput ratio Session / hand-written: {ratio:.3f} (goal >= 0.98)")
     if args.json:
-        args.json.write_text(json.dumps({"summary": summary, "ratio": ratio, "args": vars(args) | {"json": None}}, indent=2) + "\n")
+        args.json.write_text(
+            json.dumps({"summary": summary, "ratio": ratio, "args": vars(args) | {"json": None}}, indent=2) + "\n"
+        )
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .config import AUTO, Config
+from .api import Config
+from .config import AUTO
 from .errors import (
     ConfigError,
     ConflictError,
@@ -21,6 +22,7 @@ from .errors import (
     UnresolvedAutoError,
 )
 from .presets import presets
+from .version import VERSION
 
 if TYPE_CHECKING:
     from .job import Job, load_job
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
     from .training import Training
     from .validate import Diagnostic
 
-__version__ = "0.1.0"
+__version__ = VERSION
 
 __all__ = [
     "AUTO",

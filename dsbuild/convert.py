@@ -1,4 +1,4 @@
-"""The one converter between ``Config`` and DeepSpeed's ds_config dict.
+"""The one converter between configs (``ConfigBase``) and DeepSpeed's ds_config dict.
 
 Reading (``from_dict``) accepts what DeepSpeed accepts — its aliases and legacy
 keys, ``5e8`` for an integer — and writes back the modern spelling. It is
@@ -14,28 +14,27 @@ plain JSON types; ``AUTO`` is written ``"auto"``.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import cattrs
 from cattrs.gen import make_dict_unstructure_fn, override
 
-from ._suggest import did_you_mean
-from .config import AUTO, PASSTHROUGH_KEYS, Config
-from .config._fields import Spec, check_value, describe, key_of
-from .config.core import unknown_key
+from .config import AUTO, NOT_KEYS, PASSTHROUGH_KEYS, ConfigBase, ConfigFields
+from .config.fields import Spec, check_value, coerce, describe, key_of
+from .config.keys import unknown_key
 from .config.misc import TensorParallel
 from .config.optim import Optimizer, Scheduler, optimizer_params_class, scheduler_params_class
-from .config.precision import BF16
-from .config.zero import OffloadOptimizer, OffloadParam, ZeroOptimization
-from .errors import ConfigError, InvalidValueError, Problem, UnknownKeyError
+from .config.zero import ZeroOptimization
+from .errors import ConfigError, InvalidValueError, Problem, error_of
 
-__all__ = ["REMOVED_KEYS", "RENAMED_KEYS", "converter", "from_dict", "read_section", "to_dict"]
+__all__ = ["REMOVED_KEYS", "RENAMED_KEYS", "converter", "from_dict", "to_dict"]
+
+C = TypeVar("C", bound=ConfigBase)
 
 RENAMED_KEYS: Mapping[type, Mapping[str, str]] = {
-    Config: {"bfloat16": "bf16"},
+    ConfigFields: {"bfloat16": "bf16"},
     ZeroOptimization: {
         "stage3_gather_fp16_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save",
         "gather_16bit_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save",
@@ -68,102 +67,32 @@ REMOVED_KEYS: Mapping[str, str] = {
 """Top-level sections DeepSpeed 0.19 refuses, with what to do. They are carried (so nothing is lost) and
 reported by ``validate()`` as errors."""
 
-_NOT_KEYS = ("extra", "ignored", "source", "provenance")
-"""``Config`` attributes that are not ds_config keys."""
-
-_SCIENTIFIC = re.compile(r"[-+]?\d+(\.\d*)?[eE][-+]?\d+")
-
 
 @attrs.frozen
 class _Field:
-    key: str
+    """How the reader treats one key of a section."""
+
     init: str
+    """The constructor argument (the attribute name: ``fp16_config`` for ``fp16``)."""
     spec: Spec
-    ready: Callable[[Any], bool]
-    """True for a value that needs neither coercion nor a message (the common case, checked fast)."""
-    auto: bool
-    """``"auto"`` is allowed here (read as ``AUTO``)."""
-
-
-def _ready_check(spec: Spec) -> Callable[[Any], bool]:
-    """A fast test that a file value already fits ``spec`` as is; ``False`` sends it the long way round.
-
-    The long way (``_coerce`` then ``check_value``) decides; this only skips it for values that
-    plainly fit, so it may say ``False`` too often but never ``True`` wrongly.
-    """
-    if spec.kind == "bool":
-        return lambda v: v is True or v is False
-    if spec.kind in ("int", "float"):
-        return _number_check(spec)
-    if spec.kind == "str":
-        return lambda v: type(v) is str and v != "auto"
-    if spec.kind == "choice":
-        choices = frozenset(spec.choices)
-        return lambda v: type(v) is str and v in choices
-    return lambda v: False
-
-
-def _number_check(spec: Spec) -> Callable[[Any], bool]:
-    """``_ready_check`` of an int or float field: only the bounds the field has are compared (most have none)."""
-    tests = ["type(v) is int" if spec.kind == "int" else "(type(v) is float or type(v) is int)"]
-    bounds: dict[str, float] = {}
-    for name, op, bound in (("ge", ">=", spec.ge), ("le", "<=", spec.le), ("gt", ">", spec.gt)):
-        if bound is not None:
-            tests.append(f"v {op} {name}")
-            bounds[name] = bound
-    if spec.kind == "float":
-        tests.append("v - v == 0")  # false for inf and nan
-    check: Callable[[Any], bool] = eval("lambda v: " + " and ".join(tests), bounds)
-    return check
 
 
 _FIELDS: dict[type, dict[str, _Field]] = {}
 
 
 def _fields_of(cls: type) -> dict[str, _Field]:
-    fields = _FIELDS.get(cls)
-    if fields is None:
-        fields = _FIELDS[cls] = _read_fields(cls)
-    return fields
+    """The fields of a section class by ds key (computed once per class)."""
+    if cls not in _FIELDS:
+        _FIELDS[cls] = _read_fields(cls)
+    return _FIELDS[cls]
 
 
 def _read_fields(cls: type) -> dict[str, _Field]:
     return {
-        key_of(a): _Field(
-            key_of(a),
-            a.alias or a.name,
-            a.metadata["dsbuild"],
-            _ready_check(a.metadata["dsbuild"]),
-            a.metadata["dsbuild"].auto,
-        )
+        key_of(a): _Field(a.alias or a.name, a.metadata["dsbuild"])
         for a in attrs.fields(cls)
         if "dsbuild" in a.metadata
     }
-
-
-def _coerce(spec: Spec, value: Any) -> Any:
-    """Turn file spellings into Python values: ``"auto"`` into AUTO, ``5e8`` into 500000000, lists into tuples."""
-    if isinstance(value, str) and value == "auto":
-        return AUTO
-    kind = spec.kind
-    if kind == "int":
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str) and _SCIENTIFIC.fullmatch(value.strip()):
-            number = float(value)
-            return int(number) if number.is_integer() else value
-    elif kind == "float":
-        if isinstance(value, str) and _SCIENTIFIC.fullmatch(value.strip()):
-            return float(value)
-    elif kind == "strs":
-        if isinstance(value, list):
-            return tuple(value)  # a module pattern "auto" is a name like any other
-    elif kind == "pair":
-        if isinstance(value, list):
-            items = [AUTO if isinstance(x, str) and x == "auto" else x for x in value]
-            items = [float(x) if isinstance(x, str) and _SCIENTIFIC.fullmatch(x.strip()) else x for x in items]
-            return tuple(items)
-    return value
 
 
 class _Reader:
@@ -182,14 +111,13 @@ class _Reader:
             self.ignored[problem.path] = value
 
     def section(self, cls: type, data: Any, path: str) -> Any:
-        if type(data) is not dict and not isinstance(data, Mapping):
+        if not isinstance(data, Mapping):
             self.problems.append(Problem(path, f"got {describe(data)}, expected a table"))
             return None
-        if cls in RENAMED_KEYS or cls is ZeroOptimization:
-            data = self.legacy(cls, data, path)
+        data = self.legacy(cls, data, path)
         if cls is Optimizer or cls is Scheduler:
             return self.typed_section(cls, data, path)
-        fields = _FIELDS.get(cls) or _fields_of(cls)
+        fields = _fields_of(ConfigFields if issubclass(cls, ConfigFields) else cls)
         kwargs: dict[str, Any] = {}
         for key, value in data.items():
             field = fields.get(key)
@@ -198,27 +126,18 @@ class _Reader:
                     self.problems.append(Problem(path, f"key {key!r} is not a string"))
                 else:
                     self.unknown(cls, path, key, value, set(fields))
-                continue
-            if value is None:
-                continue
-            if field.ready(value):
-                kwargs[field.init] = value
-            elif field.auto and value == "auto" and type(value) is str:
-                kwargs[field.init] = AUTO
-            else:
+            elif value is not None:
                 kwargs[field.init] = self.value(field.spec, value, f"{path}.{key}" if path else key)
-        return self.build(cls, kwargs)
-
-    def build(self, cls: type, kwargs: dict[str, Any]) -> Any:
-        # Every value was checked on the way in (and problems collected); the caller has turned
-        # attrs' validators off around the whole read rather than run them all again here.
-        return cls(**kwargs)
+        # Every value was checked on the way in (its problems collected), so attrs' validators are off for the
+        # construction; it would otherwise stop at the first bad value.
+        with attrs.validators.disabled():
+            return cls(**kwargs)
 
     def value(self, spec: Spec, value: Any, path: str) -> Any:
         if spec.kind == "section":
             assert spec.section is not None
             return self.section(spec.section, value, path)
-        value = _coerce(spec, value)
+        value = coerce(spec, value)
         message = check_value(spec, value)
         if message is not None:
             self.problems.append(Problem(path, message))
@@ -228,7 +147,7 @@ class _Reader:
 
     def legacy(self, cls: type, data: Mapping[str, Any], path: str) -> Mapping[str, Any]:
         """Rewrite legacy and alias keys to the modern ones (a key given twice is an error)."""
-        renames = RENAMED_KEYS.get(cls)
+        renames = RENAMED_KEYS.get(ConfigFields if issubclass(cls, ConfigFields) else cls)
         if renames is None and cls is not ZeroOptimization:
             return data
         out = dict(data)
@@ -238,7 +157,9 @@ class _Reader:
                 if new in out:
                     where = f"{path}." if path else ""
                     self.problems.append(
-                        Problem(f"{where}{old}", f"given together with {new!r}, which replaces it", f"keep only {new!r}")
+                        Problem(
+                            f"{where}{old}", f"given together with {new!r}, which replaces it", f"keep only {new!r}"
+                        )
                     )
                     continue
                 out[new] = value
@@ -287,7 +208,9 @@ class _Reader:
             return None
         kwargs["type"] = type_name
         if cls is Optimizer and "legacy_fusion" in data:
-            kwargs["legacy_fusion"] = self.value(_fields_of(Optimizer)["legacy_fusion"].spec, data["legacy_fusion"], f"{path}.legacy_fusion")
+            kwargs["legacy_fusion"] = self.value(
+                _fields_of(Optimizer)["legacy_fusion"].spec, data["legacy_fusion"], f"{path}.legacy_fusion"
+            )
         params = data.get("params")
         if params is not None:
             lookup = optimizer_params_class if cls is Optimizer else scheduler_params_class
@@ -296,7 +219,8 @@ class _Reader:
                 kwargs["params"] = self.free_params(params, f"{path}.params")
             else:
                 kwargs["params"] = self.section(params_cls, params, f"{path}.params")
-        return self.build(cls, kwargs)
+        with attrs.validators.disabled():
+            return cls(**kwargs)
 
     def free_params(self, params: Any, path: str) -> Any:
         if not isinstance(params, Mapping):
@@ -310,7 +234,7 @@ class _Reader:
             out[key] = value
         return out
 
-    def config(self, data: Any) -> Config:
+    def config(self, data: Any, cls: type[C]) -> C:
         if not isinstance(data, Mapping):
             raise ConfigError(Problem("", f"a ds_config is a table of keys, got {describe(data)}"))
         data = dict(data)
@@ -324,44 +248,19 @@ class _Reader:
         for key, value in extra.items():
             if check_value(Spec("json"), value) is not None:
                 self.problems.append(Problem(key, f"got {describe(value)}, expected JSON values"))
-        with _validators_off():
-            config = self.section(Config, data, "")
+        config = self.section(cls, data, "")
         if self.problems:
-            unknown = [p for p in self.problems if p.message == "unknown key"]
-            cls = UnknownKeyError if len(unknown) == len(self.problems) else InvalidValueError if not unknown else ConfigError
-            raise cls(self.problems)
-        assert isinstance(config, Config)
+            raise error_of(self.problems)
+        assert isinstance(config, cls)
         if extra or self.ignored:
-            with _validators_off():
+            with attrs.validators.disabled():
                 config = attrs.evolve(config, extra=extra, ignored=dict(self.ignored))
         return config
 
 
-class _validators_off:
-    """Build sections without re-running validators the reader has already run (field by field)."""
-
-    def __enter__(self) -> None:
-        self.was = attrs.validators.get_disabled()
-        attrs.validators.set_disabled(True)
-
-    def __exit__(self, *exc: object) -> None:
-        attrs.validators.set_disabled(self.was)
-
-
-def from_dict(data: Mapping[str, Any], *, strict: bool = True) -> Config:
-    """Read a ds_config dict into a ``Config``; raises ``ConfigError`` listing every problem."""
-    return _Reader(strict).config(data)
-
-
-def read_section(cls: type, data: Mapping[str, Any], path: str) -> tuple[Any, list[Problem]]:
-    """One section's table read as ``from_dict`` reads it (legacy keys too): the section and its problems.
-
-    The builder uses it for a table given where a section goes, e.g. ``.set(zero_optimization={...})``.
-    """
-    reader = _Reader(strict=True)
-    with _validators_off():
-        section = reader.section(cls, data, path)
-    return section, reader.problems
+def from_dict(data: Mapping[str, Any], *, strict: bool = True, cls: type[C] = ConfigBase) -> C:  # type: ignore[assignment]
+    """Read a ds_config dict into a config of class ``cls``; raises ``ConfigError`` listing every problem."""
+    return _Reader(strict).config(data, cls)
 
 
 # -- writing -------------------------------------------------------------------
@@ -411,16 +310,16 @@ def _unstructure_factory(cls: type) -> Callable[[Any], dict[str, Any]]:
     overrides = {
         a.name: override(rename=key_of(a), omit_if_default=True, unstruct_hook=_field_hook(a.metadata.get("dsbuild")))
         for a in attrs.fields(cls)
-        if a.name not in _NOT_KEYS
+        if a.name not in NOT_KEYS
     }
-    for skip in _NOT_KEYS:
+    for skip in NOT_KEYS:
         if skip in attrs.fields_dict(cls):
             overrides[skip] = override(omit=True)
     generated: Callable[[Any], dict[str, Any]] = make_dict_unstructure_fn(cls, converter, **overrides)  # type: ignore[arg-type]
-    if cls is not Config:
+    if not issubclass(cls, ConfigFields):
         return generated
 
-    def unstructure_config(config: Config) -> dict[str, Any]:
+    def unstructure_config(config: ConfigFields) -> dict[str, Any]:
         out = generated(config)
         out.update(_plain(dict(config.extra)))
         return out
@@ -432,13 +331,12 @@ converter.register_unstructure_hook_factory(attrs.has, _unstructure_factory)
 converter.register_unstructure_hook(type(AUTO), lambda _: "auto")
 converter.register_unstructure_hook(tuple, _plain)
 converter.register_unstructure_hook(dict, _plain)
-converter.register_structure_hook(Config, lambda data, _: from_dict(data))
+converter.register_structure_hook_func(
+    lambda t: isinstance(t, type) and issubclass(t, ConfigBase), lambda data, t: from_dict(data, cls=t)
+)
 
 
-def to_dict(config: Config) -> dict[str, Any]:
+def to_dict(config: ConfigFields) -> dict[str, Any]:
     """The ds_config dict of ``config``: DeepSpeed's keys, only what is set, plain JSON types."""
     out: dict[str, Any] = converter.unstructure(config)
     return out
-
-
-_ = (did_you_mean, BF16, OffloadOptimizer, OffloadParam)

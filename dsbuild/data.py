@@ -28,11 +28,12 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 import attrs
 
 from .errors import ConfigError, Problem
+from .job.formats import FORMATS, IGNORE_INDEX, TEMPLATES
 
 __all__ = [
     "FORMATS",
@@ -40,33 +41,10 @@ __all__ = [
     "TEMPLATES",
     "Tokenized",
     "collate",
-    "count_records",
     "prompt_of",
     "read_records",
     "tokenize",
 ]
-
-FORMATS: Final = ("alpaca", "text")
-"""The ``[data] format`` values a job understands."""
-
-IGNORE_INDEX: Final = -100
-"""The label HF causal LMs leave out of the loss (``CrossEntropyLoss(ignore_index=-100)``)."""
-
-_ALPACA_HEAD: Final = (
-    "Below is an instruction that describes a task{with_input}. "
-    "Write a response that appropriately completes the request.\n\n"
-)
-
-TEMPLATES: Final = {
-    "alpaca": (
-        _ALPACA_HEAD.format(with_input="") + "### Instruction:\n{instruction}\n\n### Response:\n",
-        _ALPACA_HEAD.format(with_input=", paired with an input that provides further context")
-        + "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n",
-    ),
-    "plain": ("{instruction}\n", "{instruction}\n{input}\n"),
-}
-"""Prompt templates for ``"alpaca"`` records: (without input, with input). ``"alpaca"`` is Stanford Alpaca's."""
-
 
 # -- reading ---------------------------------------------------------------------
 
@@ -155,21 +133,6 @@ def _check_record(record: Any, fmt: str, text_field: str) -> tuple[dict[str, str
     if not out["output"]:
         return None, "field 'output': empty (there would be nothing to learn)"
     return out, None
-
-
-def count_records(path: str | Path) -> int | None:
-    """How many records a data file holds, cheaply (non-blank lines, or the array's length); ``None`` if unreadable."""
-    try:
-        text = Path(path).read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError):
-        return None
-    if text.lstrip().startswith("["):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError:
-            return None
-        return len(data) if isinstance(data, list) else None
-    return sum(1 for line in text.splitlines() if line.strip())
 
 
 def prompt_of(record: Mapping[str, str], template: str = "alpaca") -> str:

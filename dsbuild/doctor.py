@@ -10,11 +10,9 @@ module stays instant.
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
 import io
 import os
 import platform
-import re
 import shutil
 import sys
 from collections.abc import Callable
@@ -23,7 +21,8 @@ from typing import Any, Literal
 
 import attrs
 
-from .config import AUTO, Config
+from .config import AUTO, ConfigFields
+from .versions import installed, version_tuple
 
 __all__ = ["MIN_VERSIONS", "Check", "DoctorReport", "needed_ops", "render_report", "report"]
 
@@ -98,7 +97,7 @@ class DoctorReport:
         raise KeyError(f"no check {name!r}; checks: {', '.join(c.name for c in self.checks)}")
 
 
-def report(config: Config | None = None) -> DoctorReport:
+def report(config: ConfigFields | None = None) -> DoctorReport:
     """Check the environment (and, given a config, what it needs); imports torch and DeepSpeed here."""
     checks: list[Check] = []
     versions: dict[str, str | None] = {
@@ -137,10 +136,7 @@ def report(config: Config | None = None) -> DoctorReport:
 
 
 def _version(distribution: str) -> str | None:
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    return installed(distribution)
 
 
 def _import(module: str) -> Any:
@@ -148,19 +144,6 @@ def _import(module: str) -> Any:
         return __import__(module)
     except ImportError:
         return None
-
-
-def version_tuple(version: str) -> tuple[int, ...]:
-    """``"0.19.8+cpu"`` -> ``(0, 19, 8)``: the leading numeric release parts."""
-    parts: list[int] = []
-    for piece in version.split("+")[0].split("."):
-        match = re.match(r"\d+", piece)
-        if match is None:
-            break
-        parts.append(int(match.group()))
-        if match.group() != piece:
-            break
-    return tuple(parts)
 
 
 def _package_check(name: str, version: str | None, *, required: bool) -> Check:
@@ -267,7 +250,7 @@ def _toolchain_check() -> Check:
     return Check("jit toolchain", "ok", f"{detail} (ops not prebuilt are compiled on first use)")
 
 
-def needed_ops(config: Config) -> dict[str, str]:
+def needed_ops(config: ConfigFields) -> dict[str, str]:
     """The DeepSpeed ops ``config`` will load, each with why (the dotted key that asks for it)."""
     ops: dict[str, str] = {}
     zero = config.zero_optimization
@@ -370,7 +353,7 @@ def _cached_build(name: str) -> bool:
     return (Path(root) / name / f"{name}.so").is_file()
 
 
-def _precision_checks(accelerator: Any, config: Config) -> list[Check]:
+def _precision_checks(accelerator: Any, config: ConfigFields) -> list[Check]:
     checks: list[Check] = []
     name = _safe(accelerator.device_name, "this")
     for key, section, probe in (

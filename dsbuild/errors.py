@@ -8,6 +8,7 @@ are reported together, one per line.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Literal
 
 import attrs
 
@@ -21,7 +22,12 @@ __all__ = [
     "Problem",
     "UnknownKeyError",
     "UnresolvedAutoError",
+    "error_of",
 ]
+
+Kind = Literal["invalid-value", "unknown-key", "conflict", "unresolved-auto", "rule"]
+"""What sort of problem: it decides the class of the error that reports it (``error_of``); ``"rule"`` is a
+validation rule's finding about values that are each fine alone."""
 
 
 @attrs.frozen
@@ -34,6 +40,13 @@ class Problem:
     """What is wrong, e.g. ``got 'gpu', expected one of 'cpu', 'nvme', 'none'``."""
     hint: str | None = None
     """What to do about it, when we can tell."""
+    kind: Kind = attrs.field(default="invalid-value", eq=False)
+    """What sort of problem it is (not part of equality: two problems that read the same are the same)."""
+
+    @classmethod
+    def unknown_key(cls, path: str, hint: str | None = None) -> Problem:
+        """A key the section does not take (``hint``: "did you mean ...?" or what to do instead)."""
+        return cls(path, "unknown key", hint, kind="unknown-key")
 
     def prefixed(self, prefix: str) -> Problem:
         """The same problem one level further down: ``prefix.path``."""
@@ -105,8 +118,26 @@ class MissingDependencyError(DsbuildError, ImportError):
 
     def __init__(self, package: str, purpose: str, extra: str | None = None) -> None:
         install = f"pip install {package}" if extra is None else f"pip install 'dsbuild[{extra}]'"
-        super().__init__(f"{purpose} needs the '{package}' package: {install}")
+        what = f"the '{package}' package" if "," not in package else f"these packages: {package}"
+        super().__init__(f"{purpose} needs {what}: {install}")
         self.package = package
+
+
+_CLASS_OF_KIND: dict[str, type[ConfigError]] = {
+    "invalid-value": InvalidValueError,
+    "unknown-key": UnknownKeyError,
+    "conflict": ConflictError,
+    "unresolved-auto": UnresolvedAutoError,
+    "rule": ConfigError,
+}
+
+
+def error_of(problems: Iterable[Problem], *, source: str | None = None) -> ConfigError:
+    """One error for ``problems``: the class of their kind when they share one, else ``ConfigError``."""
+    problems = tuple(problems)
+    kinds = {p.kind for p in problems}
+    cls = _CLASS_OF_KIND[kinds.pop()] if len(kinds) == 1 else ConfigError
+    return cls(problems, source=source)
 
 
 def merge_errors(errors: Sequence[ConfigError]) -> ConfigError:

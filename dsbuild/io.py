@@ -11,38 +11,40 @@ under the file. Writing is atomic: a reader never sees half a file.
 from __future__ import annotations
 
 import json
-import os
 import re
-import sys
-import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
-from ._suggest import did_you_mean
-from .config import Config
-from .config._fields import describe
+from .atomic import write_atomic
+from .compat import tomllib
+from .config import ConfigBase, ConfigFields
+from .config.fields import describe
+from .convert import from_dict, to_dict
 from .errors import ConfigError, MissingDependencyError, PresetNotFoundError, Problem, UnknownKeyError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
+from .presets import PRESET_SUFFIX, preset_names, preset_path
+from .suggest import did_you_mean
 
 __all__ = [
     "SUFFIXES",
+    "count_records",
     "load",
     "merge",
+    "parser_for",
     "read_dict",
     "read_json",
+    "read_preset",
+    "read_text",
     "read_toml",
     "read_yaml",
     "to_config",
     "write_json",
     "write_toml",
 ]
+
+C = TypeVar("C", bound=ConfigBase)
 
 SUFFIXES = (".json", ".toml", ".yaml", ".yml")
 """File suffixes ``load`` understands (case-insensitive)."""
@@ -53,48 +55,60 @@ Parser = Callable[[str, Path], dict[str, Any]]
 # -- reading -------------------------------------------------------------------
 
 
-def read_json(path: str | Path, *, strict: bool = True) -> Config:
+def read_json(path: str | Path, *, strict: bool = True, cls: type[C] = ConfigBase) -> C:  # type: ignore[assignment]
     """Read a JSON ds_config file (``extends`` and ``description`` understood)."""
-    return _read(Path(path), _parse_json, strict)
+    return _read(Path(path), _parse_json, strict, cls)
 
 
-def read_toml(path: str | Path, *, strict: bool = True) -> Config:
+def read_toml(path: str | Path, *, strict: bool = True, cls: type[C] = ConfigBase) -> C:  # type: ignore[assignment]
     """Read a TOML config file (``extends`` and ``description`` understood)."""
-    return _read(Path(path), _parse_toml, strict)
+    return _read(Path(path), _parse_toml, strict, cls)
 
 
-def read_yaml(path: str | Path, *, strict: bool = True) -> Config:
+def read_yaml(path: str | Path, *, strict: bool = True, cls: type[C] = ConfigBase) -> C:  # type: ignore[assignment]
     """Read a YAML ds_config file; needs PyYAML (``pip install 'dsbuild[yaml]'``)."""
-    return _read(Path(path), _parse_yaml, strict)
+    return _read(Path(path), _parse_yaml, strict, cls)
 
 
-def load(path: str | Path, *, strict: bool = True) -> Config:
+def load(path: str | Path, *, strict: bool = True, cls: type[C] = ConfigBase) -> C:  # type: ignore[assignment]
     """Read a config file by its suffix: ``.json``, ``.toml``, ``.yaml``/``.yml``."""
     path = Path(path)
-    return _read(path, _parser_for(path, str(path)), strict)
+    return _read(path, parser_for(path, str(path)), strict, cls)
+
+
+def read_preset(name: str, *, cls: type[C] = ConfigBase) -> C:  # type: ignore[assignment]
+    """Packaged preset ``name`` as a config whose ``source`` is ``"preset NAME"``."""
+    data, _ = read_dict(preset_path(name))
+    return to_config(data, source=f"preset {name}", label=f"preset {name}", cls=cls)
 
 
 def read_dict(path: str | Path) -> tuple[dict[str, Any], str | None]:
     """The raw ds_config dict of a file (``extends`` merged, reserved keys removed) and its description."""
     path = Path(path)
-    return _raw(path, _parser_for(path, str(path)))
+    return _raw(path, parser_for(path, str(path)))
 
 
-def to_config(data: Mapping[str, Any], *, strict: bool = True, source: str, label: str | None = None) -> Config:
-    """``from_dict`` for a dict read from ``source``: errors name it; ``Config.source`` is ``label`` (``"file SOURCE"``)."""
-    from .convert import from_dict
-
+def to_config(
+    data: Mapping[str, Any],
+    *,
+    strict: bool = True,
+    source: str,
+    label: str | None = None,
+    cls: type[C] = ConfigBase,  # type: ignore[assignment]
+) -> C:
+    """``from_dict`` for a dict read from ``source``: errors name it; ``source`` of the config is ``label``
+    (default ``"file SOURCE"``)."""
     try:
-        config = from_dict(data, strict=strict)
+        config = from_dict(data, strict=strict, cls=cls)
     except ConfigError as e:
         raise e.with_source(source) from None
     # ``source`` is eq=False, so evolve keeps equality with a config built in code.
     return attrs.evolve(config, source=label if label is not None else f"file {source}")
 
 
-def _read(path: Path, parse: Parser, strict: bool) -> Config:
+def _read(path: Path, parse: Parser, strict: bool, cls: type[C]) -> C:
     data, _ = _raw(path, parse)
-    return to_config(data, strict=strict, source=str(path))
+    return to_config(data, strict=strict, source=str(path), cls=cls)
 
 
 def _raw(path: Path, parse: Parser) -> tuple[dict[str, Any], str | None]:
@@ -104,7 +118,8 @@ def _raw(path: Path, parse: Parser) -> tuple[dict[str, Any], str | None]:
     return data, description
 
 
-def _parser_for(path: Path, top: str) -> Parser:
+def parser_for(path: Path, top: str) -> Parser:
+    """The parser of a file by its suffix; a ``ConfigError`` naming ``top`` (the file the user named) for others."""
     parsers: dict[str, Parser] = {".json": _parse_json, ".toml": _parse_toml, ".yaml": _parse_yaml, ".yml": _parse_yaml}
     parse = parsers.get(path.suffix.lower())
     if parse is None:
@@ -127,7 +142,7 @@ def _read_raw(
     path: Path, parse: Parser, chain: list[str], seen: list[Path], top: str
 ) -> tuple[dict[str, Any], str | None]:
     """Parse ``path``, follow its ``extends`` chain and merge; ``chain`` holds the labels for messages."""
-    data = parse(_read_text(path), path)
+    data = parse(read_text(path), path)
     description = data.pop("description", None)
     if description is not None and not isinstance(description, str):
         raise ConfigError(Problem("description", f"got {describe(description)}, expected a string"), source=str(path))
@@ -142,14 +157,12 @@ def _read_raw(
     identity = _identity(parent)
     if identity in seen:
         raise ConfigError(Problem("extends", f"cycle: {' -> '.join([*chain, extends])}"), source=top)
-    base, _ = _read_raw(parent, _parser_for(parent, top), [*chain, extends], [*seen, identity], top)
+    base, _ = _read_raw(parent, parser_for(parent, top), [*chain, extends], [*seen, identity], top)
     return merge(base, data), description
 
 
 def _locate(target: str, child: Path, chain: list[str], top: str) -> Path:
     """The file an ``extends`` names: a path (relative to ``child``) or a packaged preset."""
-    from .presets import PRESET_SUFFIX, preset_names, preset_path
-
     # A target with a path separator or a file suffix is a path; a bare word is a preset name.
     looks_like_path = "/" in target or "\\" in target or Path(target).suffix.lower() in SUFFIXES
     if looks_like_path:
@@ -183,7 +196,7 @@ def merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any
     return out
 
 
-def _read_text(path: Path) -> str:
+def read_text(path: Path) -> str:
     """The file's text, with every way of not having one turned into a ``ConfigError``."""
     try:
         raw = path.read_bytes()
@@ -207,6 +220,21 @@ def _read_text(path: Path) -> str:
     if not text.strip():
         raise ConfigError("the file is empty", source=str(path))
     return text
+
+
+def count_records(path: str | Path) -> int | None:
+    """How many records a JSON array or JSON Lines data file holds (non-blank lines); ``None`` if it cannot tell."""
+    try:
+        text = read_text(Path(path))
+    except ConfigError:
+        return None
+    if text.lstrip().startswith("["):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            return None
+        return len(data) if isinstance(data, list) else None
+    return sum(1 for line in text.splitlines() if line.strip())
 
 
 def _top_level(data: Any, path: Path, what: str) -> dict[str, Any]:
@@ -312,8 +340,6 @@ def _reject_interpolation(data: Mapping[str, Any], path: Path) -> None:
 
 def _reject_wrapped(data: Mapping[str, Any], source: str) -> None:
     """A ds_config nested under one key (ROLL's ``deepspeed_zero3:``) gets a pointed message, not "unknown key"."""
-    from .convert import from_dict
-
     if len(data) != 1:
         return
     ((key, value),) = data.items()
@@ -338,19 +364,15 @@ def _reject_wrapped(data: Mapping[str, Any], source: str) -> None:
 # -- writing -------------------------------------------------------------------
 
 
-def write_json(config: Config, path: str | Path) -> Path:
+def write_json(config: ConfigFields, path: str | Path) -> Path:
     """Write the ds_config as JSON (indent 2, trailing newline), atomically."""
-    from .convert import to_dict
-
     text = json.dumps(to_dict(config), indent=2, allow_nan=False) + "\n"
-    return _write_atomic(Path(path), text)
+    return write_atomic(path, text)
 
 
-def write_toml(config: Config, path: str | Path, *, description: str | None = None) -> Path:
+def write_toml(config: ConfigFields, path: str | Path, *, description: str | None = None) -> Path:
     """Write the ds_config as TOML, atomically; ``description`` becomes the file's first key."""
     import tomli_w
-
-    from .convert import to_dict
 
     data = to_dict(config)
     if description is not None:
@@ -360,52 +382,4 @@ def write_toml(config: Config, path: str | Path, *, description: str | None = No
     except (TypeError, ValueError) as e:
         # TOML has no null; a passthrough section holding a JSON null cannot be written.
         raise ConfigError(Problem("", f"cannot be written as TOML: {e}", "write JSON instead")) from None
-    return _write_atomic(Path(path), text)
-
-
-def _write_atomic(path: Path, text: str) -> Path:
-    """Write ``text`` to a temp file beside ``path``, fsync it, then rename it over ``path``."""
-    data = text.encode("utf-8")
-    while True:
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
-        try:
-            # os.open with mode 0o666 lets the umask decide the permissions, as a plain open() would
-            # (tempfile.mkstemp would leave the config readable by its owner only).
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-        except FileExistsError:  # pragma: no cover - a 48-bit random name collided
-            continue
-        except OSError as e:
-            raise _about(e, path) from None
-        break
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:
-        tmp.unlink(missing_ok=True)
-        if isinstance(e, OSError):
-            raise _about(e, path) from None
-        raise
-    _fsync_dir(path.parent)
-    return path
-
-
-def _about(error: OSError, path: Path) -> OSError:
-    """The same OS error naming the file the user asked for, not our temp file."""
-    return type(error)(error.errno, error.strerror, str(path))
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make the rename itself durable (POSIX); best effort where directories cannot be opened."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # pragma: no cover - Windows
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover - some file systems refuse fsync on directories
-        pass
-    finally:
-        os.close(fd)
+    return write_atomic(path, text)

@@ -2,31 +2,22 @@
 
 A wheel carries them as ``dsbuild/presets/*.toml`` (hatchling's
 ``force-include``); a source checkout or editable install reads the
-top-level ``presets/`` directory instead. Reading the list needs only
-``tomllib``, so ``import dsbuild`` stays light; loading one goes through
-``dsbuild.io`` like any other config file.
+top-level ``presets/`` directory instead. This module only locates them (and
+reads their one-line descriptions); ``dsbuild.io`` reads one like any other
+config file (``Config.preset(name)``).
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.resources
-import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from ._suggest import did_you_mean
+from .compat import tomllib
 from .errors import ConfigError, PresetNotFoundError, Problem
+from .suggest import did_you_mean
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
-
-if TYPE_CHECKING:
-    from .config import Config
-
-__all__ = ["PRESET_SUFFIX", "load_preset", "preset_names", "preset_path", "presets", "presets_dir"]
+__all__ = ["PRESET_SUFFIX", "preset_names", "preset_path", "presets", "presets_dir"]
 
 PRESET_SUFFIX = ".toml"
 
@@ -69,14 +60,6 @@ def preset_path(name: str) -> Path:
     directory = presets_dir()
     assert directory is not None  # names is not empty
     return directory / f"{name}{PRESET_SUFFIX}"
-
-
-def load_preset(name: str) -> Config:
-    """Preset ``name`` as a ``Config`` whose ``source`` is ``"preset NAME"``."""
-    from .io import read_dict, to_config
-
-    data, _ = read_dict(preset_path(name))
-    return to_config(data, source=f"preset {name}", label=f"preset {name}")
 
 
 def _description(name: str) -> str:

@@ -12,16 +12,15 @@ from __future__ import annotations
 import enum
 import math
 import os
-import re
 from collections.abc import Mapping
 from functools import cache
 from typing import Any, Final
 
 import attrs
 
-from ._suggest import did_you_mean
-from .config._fields import Spec, check_value
-from .errors import ConfigError, InvalidValueError, Problem, UnknownKeyError
+from .config.fields import Spec, check_value, coerce
+from .errors import InvalidValueError, Problem, error_of
+from .suggest import did_you_mean
 
 __all__ = ["SCHEDULER_TYPES", "NoneValue", "Training", "training_from"]
 
@@ -140,15 +139,15 @@ class Training:
             if not isinstance(key, str):
                 problems.append(Problem("training", f"key {key!r} is not a string"))
             elif key not in names:
-                problems.append(Problem(f"training.{key}", "unknown key", did_you_mean(key, names)))
+                problems.append(Problem.unknown_key(f"training.{key}", did_you_mean(key, names)))
             else:
-                given[key] = _coerce(names[key], value)
+                given[key] = coerce(names[key], value)
         try:
             built = cls(**given)
         except InvalidValueError as error:
-            raise _error_of([*problems, *error.problems]) from None
+            raise error_of([*problems, *error.problems]) from None
         if problems:
-            raise _error_of(problems)
+            raise error_of(problems)
         return built
 
     @classmethod
@@ -214,18 +213,6 @@ def _relations(ok: Mapping[str, Any]) -> list[Problem]:
     return problems
 
 
-_SCIENTIFIC = re.compile(r"[-+]?\d+(\.\d*)?[eE][-+]?\d+")
-
-
-def _coerce(spec: Spec, value: Any) -> Any:
-    """File spellings of numbers: ``"5e-5"`` (YAML reads it as text) and ``8.0`` for an integer."""
-    if spec.kind in ("int", "float") and isinstance(value, str) and _SCIENTIFIC.fullmatch(value.strip()):
-        value = float(value)
-    if spec.kind == "int" and isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
-
-
 def _plain_arg(value: Any) -> Any:
     """An argument as ``Training`` holds it: HF's string enums (``SchedulerType.LINEAR``) become their value."""
     return value.value if isinstance(value, enum.Enum) else value
@@ -240,10 +227,3 @@ def training_from(args: Any, names: Mapping[str, Any]) -> Training:
         if value is not missing:
             given[name] = _plain_arg(value)
     return Training(**given)
-
-
-def _error_of(problems: list[Problem]) -> ConfigError:
-    unknown = sum(p.message == "unknown key" for p in problems)
-    if unknown == len(problems):
-        return UnknownKeyError(problems)
-    return InvalidValueError(problems) if unknown == 0 else ConfigError(problems)

@@ -1,7 +1,12 @@
-"""The typed model of a DeepSpeed config: one frozen attrs class per ds_config section."""
+"""The typed model of a DeepSpeed config: one frozen attrs class per ds_config section, and the builder.
 
-from ._fields import AUTO, Auto
-from .core import PASSTHROUGH_KEYS, Config, section_classes
+Data only: nothing here reads files, converts or imports the layers above. ``dsbuild.Config``
+(in ``dsbuild.api``) is ``ConfigBase`` plus the methods that do.
+"""
+
+from .builder import ConfigBase
+from .core import NOT_KEYS, PASSTHROUGH_KEYS, ConfigFields, section_classes
+from .fields import AUTO, Auto
 from .misc import (
     ActivationCheckpointing,
     Aio,
@@ -38,6 +43,7 @@ __all__ = [
     "AUTO",
     "BF16",
     "FP16",
+    "NOT_KEYS",
     "PASSTHROUGH_KEYS",
     "SCHEDULERS",
     "ActivationCheckpointing",
@@ -50,7 +56,8 @@ __all__ = [
     "CheckpointWriter",
     "Comet",
     "CommsLogger",
-    "Config",
+    "ConfigBase",
+    "ConfigFields",
     "CsvMonitor",
     "DataTypes",
     "FlopsProfiler",

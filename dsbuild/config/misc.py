@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from . import _fields as f
-from ._fields import Auto
+from . import fields as f
+from .fields import Auto
 
 __all__ = [
     "ActivationCheckpointing",
@@ -157,7 +157,9 @@ class CheckpointParallelWrite:
 class Checkpoint:
     """``checkpoint``: checkpoint saving and loading."""
 
-    tag_validation: str | Auto | None = f.choice("Warn", "Ignore", "Fail", "WARN", "IGNORE", "FAIL", "warn", "ignore", "fail")
+    tag_validation: str | Auto | None = f.choice(
+        "Warn", "Ignore", "Fail", "WARN", "IGNORE", "FAIL", "warn", "ignore", "fail"
+    )
     """Check that all ranks save the same tag: ``"Warn"``, ``"Ignore"`` or ``"Fail"``; default ``"Warn"``."""
     load_universal: bool | Auto | None = f.bool_()
     """Load a universal checkpoint (any parallelism); default false."""

@@ -7,10 +7,13 @@ from typing import Any
 
 import attrs
 
-from . import _fields as f
-from ._fields import Auto
+from . import fields as f
+from .fields import Auto
 
 __all__ = [
+    "OPTIMIZER_PARAMS",
+    "SCHEDULERS",
+    "SCHEDULER_PARAMS",
     "AdagradParams",
     "AdamParams",
     "LRRangeTestParams",
@@ -109,7 +112,7 @@ class AdagradParams:
 
 OptimizerParams = AdamParams | LambParams | LionParams | AdagradParams | Mapping[str, Any]
 
-_OPTIMIZER_PARAMS: dict[str, type] = {
+OPTIMIZER_PARAMS: dict[str, type] = {
     "adam": AdamParams,
     "adamw": AdamParams,
     "lamb": LambParams,
@@ -120,7 +123,7 @@ _OPTIMIZER_PARAMS: dict[str, type] = {
 
 def optimizer_params_class(type_name: str) -> type | None:
     """The typed params class for a DeepSpeed optimizer name (any case), or ``None`` for others."""
-    return _OPTIMIZER_PARAMS.get(type_name.lower())
+    return OPTIMIZER_PARAMS.get(type_name.lower())
 
 
 @f.section_class
@@ -237,7 +240,7 @@ class LRRangeTestParams:
 
 SchedulerParams = WarmupLRParams | WarmupDecayLRParams | WarmupCosineLRParams | OneCycleParams | LRRangeTestParams
 
-_SCHEDULER_PARAMS: dict[str, type] = {
+SCHEDULER_PARAMS: dict[str, type] = {
     "WarmupLR": WarmupLRParams,
     "WarmupDecayLR": WarmupDecayLRParams,
     "WarmupCosineLR": WarmupCosineLRParams,
@@ -245,13 +248,13 @@ _SCHEDULER_PARAMS: dict[str, type] = {
     "LRRangeTest": LRRangeTestParams,
 }
 
-SCHEDULERS = tuple(_SCHEDULER_PARAMS)
+SCHEDULERS = tuple(SCHEDULER_PARAMS)
 """The scheduler names DeepSpeed knows (case matters)."""
 
 
 def scheduler_params_class(type_name: str) -> type | None:
     """The typed params class of a DeepSpeed scheduler name (case matters), or ``None`` for others."""
-    return _SCHEDULER_PARAMS.get(type_name)
+    return SCHEDULER_PARAMS.get(type_name)
 
 
 @f.section_class

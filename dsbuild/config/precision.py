@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
-from . import _fields as f
-from ._fields import Auto
+from . import fields as f
+from .fields import Auto
 
 __all__ = ["BF16", "FP16", "DataTypes", "TorchAutocast"]
 
-_DTYPES = ("fp16", "float16", "half", "bf16", "bfloat16", "fp32", "float32", "float",
-           "torch.float16", "torch.bfloat16", "torch.float32")
+_DTYPES = (
+    "fp16",
+    "float16",
+    "half",
+    "bf16",
+    "bfloat16",
+    "fp32",
+    "float32",
+    "float",
+    "torch.float16",
+    "torch.bfloat16",
+    "torch.float32",
+)
 
 
 @f.section_class

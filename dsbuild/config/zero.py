@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from . import _fields as f
-from ._fields import Auto
+from . import fields as f
+from .fields import Auto
 
 __all__ = ["OffloadOptimizer", "OffloadParam", "ZeroOptimization"]
 

@@ -4,6 +4,10 @@ Importing this package imports torch (and, when used, deepspeed, transformers
 and peft); ``import dsbuild`` does not import it until ``dsbuild.Session`` is used.
 """
 
-from .session import Session, SessionError, StepOutput
+from ..extras import require
+
+require("dsbuild.Session")  # torch, deepspeed, transformers, peft: else the exact pip install
+
+from .session import Session, SessionError, StepOutput  # noqa: E402
 
 __all__ = ["Session", "SessionError", "StepOutput"]

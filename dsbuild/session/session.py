@@ -25,19 +25,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from ..config import Config, CsvMonitor
-from ..errors import ConfigError, DsbuildError, MissingDependencyError, Problem, UnresolvedAutoError
-from ..resolve import Training
+from ..api import Config
+from ..config import CsvMonitor
+from ..errors import ConfigError, DsbuildError, Problem, UnresolvedAutoError
+from ..training import Training
 from ..validate import check
-from . import _checkpoint, _dist, _export, _model
-
-try:
-    import numpy as np
-    import torch
-    from torch.utils.data import DataLoader, Dataset, DistributedSampler
-except ImportError as error:  # pragma: no cover - torch is a dependency; this names the fix
-    raise MissingDependencyError("torch", "dsbuild.Session") from error
+from . import building, checkpoints, distributed, export
 
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
@@ -236,7 +233,7 @@ class Session:
         self._hidden_size = hidden_size
         self._total_steps = total_steps
         self._given = _with_default_monitor(_as_config(config), self.output_dir)
-        self.world_size: int = _dist.world_size()
+        self.world_size: int = distributed.world_size()
         """Processes in the run (from the launcher's environment)."""
 
         # Everything that can be wrong with the config fails here, before a process group exists.
@@ -257,7 +254,7 @@ class Session:
         if self.training is not None:
             _seed(self.training.seed)
 
-        _dist.init()
+        distributed.init()
         self._engine: DeepSpeedEngine | None = None
         # Where training is in the data: the epoch, the micro-batches of it consumed, and the torch RNG
         # state its iterator was created from (so a resumed run draws the same shuffle).
@@ -291,11 +288,11 @@ class Session:
         Other keyword arguments go to ``Session``.
         """
         training_args = Training.of(training) if training is not None else None
-        pretrained = _model.pretrained_config(name_or_path_or_config)
+        pretrained = building.pretrained_config(name_or_path_or_config)
         # Resolved and checked against the model's config before any process group or weight exists.
         probe, _ = _resolve(
             _as_config(config),
-            world_size=_dist.world_size(),
+            world_size=distributed.world_size(),
             training=training_args,
             model=pretrained,
             hidden_size=session_kwargs.get("hidden_size"),
@@ -303,14 +300,14 @@ class Session:
         )
         # Same seed on every rank: the same random init everywhere (ZeRO-3 also broadcasts rank 0's).
         _seed(training_args.seed if training_args is not None else _DEFAULT_SEED)
-        _dist.init()  # zero.Init partitions over the process group
-        model = _model.build_model(
+        distributed.init()  # zero.Init partitions over the process group
+        model = building.build_model(
             name_or_path_or_config, probe.to_dict(), dtype=dtype, attn_implementation=attn_implementation
         )
         if gradient_checkpointing:
-            _model.enable_gradient_checkpointing(model, lora=lora is not None)
+            building.enable_gradient_checkpointing(model, lora=lora is not None)
         if lora is not None:
-            model = _model.apply_lora(model, lora)
+            model = building.apply_lora(model, lora)
         if isinstance(tokenizer, (str, os.PathLike)):
             from transformers import AutoTokenizer
 
@@ -404,7 +401,7 @@ class Session:
 
     @property
     def rank(self) -> int:
-        return _dist.rank()
+        return distributed.rank()
 
     @property
     def is_main_process(self) -> bool:
@@ -551,7 +548,7 @@ class Session:
                     window = [window[0] + out.loss, window[1] + 1, window[2] + samples, window[3] + tokens]
                     if not out.boundary:
                         continue
-                    loss_sum, micro, samples_sum, tokens_sum = _dist.all_sum(window, engine.device)
+                    loss_sum, micro, samples_sum, tokens_sum = distributed.all_sum(window, engine.device)
                     elapsed = max(time.perf_counter() - started, 1e-9)
                     record = {
                         "step": out.global_step,
@@ -653,7 +650,7 @@ class Session:
         finally:
             if was_training:
                 engine.train()
-        total, count = _dist.all_sum([total, count], engine.device)
+        total, count = distributed.all_sum([total, count], engine.device)
         metrics = {"eval_loss": total / max(count, 1.0), "eval_samples": count}
         self._write_events("Eval", {"step": engine.global_steps, "loss": metrics["eval_loss"]})
         return metrics
@@ -691,17 +688,17 @@ class Session:
             tag=tag,
             client_state={"dsbuild": state},
             save_latest=False,  # written below, once the checkpoint is complete
-            exclude_frozen_parameters=_export._is_peft(self._model),  # LoRA: the frozen base is not training state
+            exclude_frozen_parameters=export._is_peft(self._model),  # LoRA: the frozen base is not training state
         )
-        _checkpoint.save_rng(save_dir, tag, self.rank)
+        checkpoints.save_rng(save_dir, tag, self.rank)
         if self.is_main_process:
-            _checkpoint.write_marker(save_dir, tag, {k: v for k, v in state.items() if k != "epoch_rng"})
-        _dist.barrier()  # every rank's files are on disk
+            checkpoints.write_marker(save_dir, tag, {k: v for k, v in state.items() if k != "epoch_rng"})
+        distributed.barrier()  # every rank's files are on disk
         if self.is_main_process:
-            _checkpoint.write_latest(save_dir, tag)
+            checkpoints.write_latest(save_dir, tag)
             if self.keep_last:
-                _checkpoint.prune(save_dir, self.keep_last)
-        _dist.barrier()
+                checkpoints.prune(save_dir, self.keep_last)
+        distributed.barrier()
         return tag
 
     def load_checkpoint(self, path: str | os.PathLike[str] | None = None, tag: str | None = None) -> dict[str, Any]:
@@ -713,11 +710,11 @@ class Session:
         """
         engine = self.engine
         load_dir = self._checkpoint_dir(path)
-        tag = tag if tag is not None else _checkpoint.read_latest(load_dir)
+        tag = tag if tag is not None else checkpoints.read_latest(load_dir)
         if tag is None:
             raise SessionError(f"no checkpoint to load in {load_dir}: it has no 'latest' file (pass tag=)")
         load_path, client_state = engine.load_checkpoint(
-            str(load_dir), tag=tag, load_module_strict=not _export._is_peft(self._model)
+            str(load_dir), tag=tag, load_module_strict=not export._is_peft(self._model)
         )
         if load_path is None:
             raise SessionError(f"DeepSpeed could not load checkpoint {tag!r} from {load_dir}")
@@ -727,7 +724,7 @@ class Session:
         self._epoch = int(state.get("epoch", 0))
         self._batch_in_epoch = int(state.get("batch_in_epoch", 0))
         self._epoch_rng = state.get("epoch_rng")
-        _checkpoint.load_rng(load_dir, tag, self.rank)
+        checkpoints.load_rng(load_dir, tag, self.rank)
         return state
 
     # -- export ------------------------------------------------------------------------------
@@ -744,5 +741,5 @@ class Session:
             if self.output_dir is None:
                 raise SessionError("no model directory: pass a path, or output_dir= to the Session")
             path = self.output_dir / "model"
-        _export.save_hf(self.engine, self._model, Path(path), merge_lora=merge_lora, tokenizer=self.tokenizer)
+        export.save_hf(self.engine, self._model, Path(path), merge_lora=merge_lora, tokenizer=self.tokenizer)
         return Path(path)

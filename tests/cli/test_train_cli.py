@@ -14,7 +14,8 @@ import pytest
 
 from dsbuild import Config, load_job
 from dsbuild.cli import main
-from dsbuild.job import demo_job_path, for_hf
+from dsbuild.interop import for_hf
+from dsbuild.job import demo_job_path
 
 DEMO = demo_job_path()
 

@@ -23,7 +23,9 @@ from typing import Any
 import pytest
 
 from dsbuild import Config, ConfigError
-from dsbuild.convert import from_dict, to_dict
+from dsbuild.convert import to_dict
+
+from_dict = Config.from_dict
 
 CORPUS = Path(__file__).resolve().parents[2].parent / "shared" / "corpus"
 if not CORPUS.is_dir():
@@ -135,7 +137,8 @@ def _snapshot(value: Any) -> Any:
         # Deprecated fields are removed from the model once moved to their replacement, so they appear only
         # when the legacy key was NOT given; the replacement field holds the value either way.
         deprecated = {
-            name for name, info in type(value).model_fields.items()
+            name
+            for name, info in type(value).model_fields.items()
             if isinstance(info.json_schema_extra, dict) and info.json_schema_extra.get("deprecated")
         }
         dumped = {k: v for k, v in value.model_dump().items() if k not in deprecated}
@@ -198,7 +201,8 @@ def test_deepspeed_reads_the_rewrite_as_the_original(deepspeed_config: Any, path
 def test_auto_batch_size_is_a_type_error_for_deepspeed(deepspeed_config: Any) -> None:
     """Why batch sizes are substituted above: "auto" in a batch key makes DeepSpeed raise a bare TypeError."""
     assert parse(deepspeed_config, {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": 1}) == (
-        "raised", "TypeError"
+        "raised",
+        "TypeError",
     )
 
 
@@ -213,10 +217,16 @@ LEGACY = {
     },
     "un-prefixed stage-3 names": {
         "zero_optimization": {
-            "stage": 3, "prefetch_bucket_size": 1000, "param_persistence_threshold": 2000,
-            "model_persistence_threshold": 3000, "max_live_parameters": 4000, "max_reuse_distance": 5000,
-            "gather_16bit_weights_on_model_save": True, "module_granularity_threshold": 6,
-            "use_all_reduce_for_fetch_params": True, "allgather_sequential": True,
+            "stage": 3,
+            "prefetch_bucket_size": 1000,
+            "param_persistence_threshold": 2000,
+            "model_persistence_threshold": 3000,
+            "max_live_parameters": 4000,
+            "max_reuse_distance": 5000,
+            "gather_16bit_weights_on_model_save": True,
+            "module_granularity_threshold": 6,
+            "use_all_reduce_for_fetch_params": True,
+            "allgather_sequential": True,
         }
     },
     "tensor_parallel aliases": {"tensor_parallel": {"autotp_size": 1, "tensor_parallel": {"tp_size": 1}}},

@@ -71,7 +71,9 @@ def cases(draw: st.DrawFn) -> tuple[dict[str, Any], int]:
     if draw(st.booleans()):
         fp16: dict[str, Any] = {"enabled": draw(st.sampled_from([True, False, False, AUTO]))}
         _put(fp16, "loss_scale", _maybe(draw, st.sampled_from([0, 0, 128.0])))
-        _put(fp16, "loss_scale_window", draw(st.sampled_from([-1, 0]) if _rarely(draw) else st.sampled_from([None, 100])))
+        _put(
+            fp16, "loss_scale_window", draw(st.sampled_from([-1, 0]) if _rarely(draw) else st.sampled_from([None, 100]))
+        )
         _put(fp16, "min_loss_scale", draw(st.sampled_from([-1, 0]) if _rarely(draw) else st.sampled_from([None, 1, 2])))
         if _rarely(draw):
             fp16["fp16_master_weights_and_grads"] = draw(st.booleans())

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from dsbuild import Config, load_job
-from dsbuild.session._dist import free_port
+from dsbuild.session.distributed import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"

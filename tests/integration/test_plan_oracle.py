@@ -1,4 +1,4 @@
-"""dsbuild.plan against DeepSpeed's own memory estimators (the oracle): within 1%, zero_init on."""
+"""dsbuild.planner against DeepSpeed's own memory estimators (the oracle): within 1%, zero_init on."""
 
 from __future__ import annotations
 

@@ -31,8 +31,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, ByT5Tokenizer  # n
 from transformers.integrations import is_deepspeed_zero3_enabled  # noqa: E402
 
 from dsbuild import Config  # noqa: E402
-from dsbuild.resolve import Training  # noqa: E402
-from dsbuild.session import Session, _checkpoint  # noqa: E402
+from dsbuild.session import Session, checkpoints  # noqa: E402
+from dsbuild.training import Training  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 LORA = {"r": 4, "lora_alpha": 8, "lora_dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
@@ -182,7 +182,7 @@ def test_resumed_run_reproduces_the_uninterrupted_losses(tmp_path: Path) -> None
     full = [(h["loss"], h["lr"]) for h in run(tmp_path / "a").fit(data)]
     first = run(tmp_path / "b")
     head = [(h["loss"], h["lr"]) for h in first.fit(data, max_steps=2, save_every=2)]
-    assert _checkpoint.read_latest(tmp_path / "b" / "checkpoints") == "global_step2"
+    assert checkpoints.read_latest(tmp_path / "b" / "checkpoints") == "global_step2"
 
     resumed = run(tmp_path / "b")
     state = resumed.load_checkpoint()
@@ -213,12 +213,12 @@ def test_crash_while_saving_leaves_the_previous_checkpoint_loadable(
         raise OSError("disk full")
 
     s.step(batch())
-    monkeypatch.setattr(_checkpoint, "write_latest", crash)
+    monkeypatch.setattr(checkpoints, "write_latest", crash)
     with pytest.raises(OSError, match="disk full"):
         s.save_checkpoint(ckpt)
     monkeypatch.undo()
     assert (ckpt / "global_step4").is_dir()  # DeepSpeed wrote its files ...
-    assert _checkpoint.read_latest(ckpt) == "global_step3"  # ... but latest still names the complete one
+    assert checkpoints.read_latest(ckpt) == "global_step3"  # ... but latest still names the complete one
 
     again = Session.from_pretrained(tiny_llama(), cfg)
     assert again.load_checkpoint(ckpt)["global_step"] == 3
@@ -318,7 +318,7 @@ def test_cpu_offload_step_changes_weights() -> None:
 @pytest.mark.slow
 def test_two_processes_under_torchrun(tmp_path: Path) -> None:
     """torchrun, 2 processes, ZeRO-3: batch sizes from the real world size, one model saved that transformers loads."""
-    from dsbuild.session._dist import free_port
+    from dsbuild.session.distributed import free_port
 
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):

@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("deepspeed")
 pytest.importorskip("transformers")
 
-from dsbuild.session._dist import free_port
+from dsbuild.session.distributed import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 LORA_JOB = ROOT / "examples" / "job_lora_zero3.toml"

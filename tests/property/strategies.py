@@ -35,7 +35,7 @@ from dsbuild.config import (
     ZeroOptimization,
     section_classes,
 )
-from dsbuild.config._fields import Spec, key_of, spec_of
+from dsbuild.config.fields import Spec, key_of, spec_of
 from dsbuild.convert import RENAMED_KEYS
 
 __all__ = [
@@ -59,8 +59,15 @@ def _all_ds_keys() -> list[str]:
     keys: set[str] = set()
     classes: list[type[Any]] = [
         *section_classes().values(),
-        AdamParams, LambParams, LionParams, AdagradParams,
-        WarmupLRParams, WarmupDecayLRParams, WarmupCosineLRParams, OneCycleParams, LRRangeTestParams,
+        AdamParams,
+        LambParams,
+        LionParams,
+        AdagradParams,
+        WarmupLRParams,
+        WarmupDecayLRParams,
+        WarmupCosineLRParams,
+        OneCycleParams,
+        LRRangeTestParams,
     ]
     for cls in classes:
         keys.update(key_of(a) for a in attrs.fields(cls) if a.name not in _NOT_KEYS)
@@ -93,9 +100,7 @@ def json_values(*, null: bool = True, finite: bool = True, max_leaves: int = 20)
     )
     return st.recursive(
         scalars,
-        lambda children: st.one_of(
-            st.lists(children, max_size=4), st.dictionaries(keys, children, max_size=4)
-        ),
+        lambda children: st.one_of(st.lists(children, max_size=4), st.dictionaries(keys, children, max_size=4)),
         max_leaves=max_leaves,
     )
 
@@ -210,16 +215,26 @@ _zero: st.SearchStrategy[Step] = _stage.map(lambda stage: lambda c: c.zero(stage
 
 _offload_cpu: st.SearchStrategy[Step] = st.builds(
     lambda stage, opt, par, pin: lambda c: c.zero(stage).offload_cpu(optimizer=opt, params=par, pin_memory=pin),
-    st.integers(1, 3), st.booleans(), st.booleans(), st.booleans(),
+    st.integers(1, 3),
+    st.booleans(),
+    st.booleans(),
+    st.booleans(),
 )
 
 _sizes = st.one_of(st.none(), st.integers(0, 10**9))
 _offload_nvme: st.SearchStrategy[Step] = st.builds(
-    lambda path, opt, par, pin, count, size, in_cpu: lambda c: c.zero(3).offload_nvme(
-        path, optimizer=opt, params=par, pin_memory=pin, buffer_count=count, buffer_size=size, max_in_cpu=in_cpu
+    lambda path, opt, par, pin, count, size, in_cpu: (
+        lambda c: c.zero(3).offload_nvme(
+            path, optimizer=opt, params=par, pin_memory=pin, buffer_count=count, buffer_size=size, max_in_cpu=in_cpu
+        )
     ),
     st.sampled_from(["/local_nvme", "/mnt/nvme0/ds", "nvme"]),
-    st.booleans(), st.booleans(), st.booleans(), _sizes, _sizes, _sizes,
+    st.booleans(),
+    st.booleans(),
+    st.booleans(),
+    _sizes,
+    _sizes,
+    _sizes,
 )
 
 _precision: st.SearchStrategy[Step] = st.one_of(
@@ -229,7 +244,11 @@ _precision: st.SearchStrategy[Step] = st.one_of(
 )
 
 _OPTIMIZER_VERBS: dict[str, type[Any]] = {
-    "adamw": AdamParams, "adam": AdamParams, "lamb": LambParams, "lion": LionParams, "adagrad": AdagradParams
+    "adamw": AdamParams,
+    "adam": AdamParams,
+    "lamb": LambParams,
+    "lion": LionParams,
+    "adagrad": AdagradParams,
 }
 
 
@@ -263,8 +282,12 @@ _SCHEDULER_VERBS: dict[str, type[Any]] = {
     "lr_range_test": LRRangeTestParams,
 }
 assert len(_SCHEDULER_VERBS) == len(SCHEDULERS)
-_SHORT = {"warmup_num_steps": "warmup_steps", "total_num_steps": "total_steps",
-          "warmup_min_lr": "min_lr", "warmup_max_lr": "max_lr"}
+_SHORT = {
+    "warmup_num_steps": "warmup_steps",
+    "total_num_steps": "total_steps",
+    "warmup_min_lr": "min_lr",
+    "warmup_max_lr": "max_lr",
+}
 
 
 def _shorten(kw: dict[str, Any], use_short: bool) -> dict[str, Any]:
@@ -273,7 +296,9 @@ def _shorten(kw: dict[str, Any], use_short: bool) -> dict[str, Any]:
 
 _scheduler: st.SearchStrategy[Step] = st.one_of(
     *(
-        st.builds(lambda kw, short, verb=verb: _call(verb, **_shorten(kw, short)), section_kwargs(params), st.booleans())
+        st.builds(
+            lambda kw, short, verb=verb: _call(verb, **_shorten(kw, short)), section_kwargs(params), st.booleans()
+        )
         for verb, params in _SCHEDULER_VERBS.items()
     )
 )
@@ -309,8 +334,17 @@ _set: st.SearchStrategy[Step] = section_kwargs(
 ).map(lambda kw: _call("set", **kw))
 
 STEPS: tuple[st.SearchStrategy[Step], ...] = (
-    _zero, _offload_cpu, _offload_nvme, _precision, _optimizer, _scheduler,
-    _batch, _clip_grad, _comm_dtype, _zero_options, _set,
+    _zero,
+    _offload_cpu,
+    _offload_nvme,
+    _precision,
+    _optimizer,
+    _scheduler,
+    _batch,
+    _clip_grad,
+    _comm_dtype,
+    _zero_options,
+    _set,
 )
 """Every builder verb with valid arguments drawn, as a function from the config so far to the next."""
 

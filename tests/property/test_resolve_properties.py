@@ -10,7 +10,10 @@ from hypothesis import strategies as st
 from strategies import configs
 
 from dsbuild import AUTO, Config, ConfigError, ConflictError, UnresolvedAutoError
-from dsbuild.resolve import DEEPSPEED_AUTOS, RULES, Training, auto_paths, resolve
+from dsbuild.config.walk import DEEPSPEED_AUTOS, auto_paths
+from dsbuild.hf_table import FILLS as RULES
+from dsbuild.resolve import resolve
+from dsbuild.training import Training
 
 # -- strategies for resolve ---------------------------------------------------------------
 

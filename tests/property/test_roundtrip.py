@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 from strategies import configs, ds_like_dicts, json_dicts, json_values, mutated_ds_dicts
 
 from dsbuild import Config, ConfigError
-from dsbuild.convert import from_dict, to_dict
+from dsbuild.convert import to_dict
+
+from_dict = Config.from_dict
 
 
 def assert_plain_json(value: Any, path: str = "", *, null: bool = False) -> None:

@@ -22,6 +22,7 @@ from dsbuild.config import (
     ActivationCheckpointing,
     AdagradParams,
     AdamParams,
+    ConfigFields,
     LambParams,
     LionParams,
     LRRangeTestParams,
@@ -37,12 +38,19 @@ from dsbuild.config import (
     ZeroOptimization,
     section_classes,
 )
-from dsbuild.config._fields import key_of
+from dsbuild.config.fields import key_of
 from dsbuild.convert import REMOVED_KEYS, RENAMED_KEYS
 
 PARAMS_CLASSES: tuple[type[Any], ...] = (
-    AdamParams, LambParams, LionParams, AdagradParams,
-    WarmupLRParams, WarmupDecayLRParams, WarmupCosineLRParams, OneCycleParams, LRRangeTestParams,
+    AdamParams,
+    LambParams,
+    LionParams,
+    AdagradParams,
+    WarmupLRParams,
+    WarmupDecayLRParams,
+    WarmupCosineLRParams,
+    OneCycleParams,
+    LRRangeTestParams,
 )
 NOT_KEYS = {"extra", "ignored", "source", "provenance"}
 
@@ -148,11 +156,14 @@ def test_offload_cpu_by_stage() -> None:
     """offload_cpu moves optimizer states at stages 1-3, and parameters only at stage 3."""
     cpu = {"device": "cpu", "pin_memory": True}
     assert Config.zero(3).offload_cpu().to_dict()["zero_optimization"] == {
-        "stage": 3, "offload_optimizer": cpu, "offload_param": cpu
+        "stage": 3,
+        "offload_optimizer": cpu,
+        "offload_param": cpu,
     }
     for stage in (1, 2):
         assert Config.zero(stage).offload_cpu().to_dict()["zero_optimization"] == {
-            "stage": stage, "offload_optimizer": cpu
+            "stage": stage,
+            "offload_optimizer": cpu,
         }
     assert Config.zero(3).offload_cpu(params=False).zero_optimization == ZeroOptimization(
         stage=3, offload_optimizer=OffloadOptimizer(device="cpu", pin_memory=True)
@@ -165,9 +176,18 @@ def test_offload_cpu_by_stage() -> None:
 @pytest.mark.parametrize(
     ("config", "expected"),
     [
-        (Config(), "zero_optimization.stage: offload needs ZeRO stage 1-3, got no stage (call .zero(stage) before offloading)"),
-        (Config.zero(0), "zero_optimization.stage: offload needs ZeRO stage 1-3, got stage 0 (call .zero(stage) before offloading)"),
-        (Config.zero(AUTO), 'zero_optimization.stage: offload needs ZeRO stage 1-3, got stage "auto" (call .zero(stage) before offloading)'),
+        (
+            Config(),
+            "zero_optimization.stage: offload needs ZeRO stage 1-3, got no stage (call .zero(stage) before offloading)",
+        ),
+        (
+            Config.zero(0),
+            "zero_optimization.stage: offload needs ZeRO stage 1-3, got stage 0 (call .zero(stage) before offloading)",
+        ),
+        (
+            Config.zero(AUTO),
+            'zero_optimization.stage: offload needs ZeRO stage 1-3, got stage "auto" (call .zero(stage) before offloading)',
+        ),
     ],
 )
 def test_offload_needs_a_stage_first(config: Config, expected: str) -> None:
@@ -183,7 +203,13 @@ def test_offload_nvme() -> None:
     assert cfg.to_dict()["zero_optimization"] == {
         "stage": 3,
         "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme", "buffer_count": 5, "pin_memory": True},
-        "offload_param": {"device": "nvme", "nvme_path": "/nvme", "buffer_size": 10, "max_in_cpu": 7, "pin_memory": True},
+        "offload_param": {
+            "device": "nvme",
+            "nvme_path": "/nvme",
+            "buffer_size": 10,
+            "max_in_cpu": 7,
+            "pin_memory": True,
+        },
     }
     with pytest.raises(InvalidValueError) as e:
         Config.zero(2).offload_nvme("/nvme")
@@ -214,8 +240,13 @@ def test_precision_verbs_are_exclusive() -> None:
 
 @pytest.mark.parametrize(
     ("verb", "type_name", "params_class"),
-    [("adamw", "AdamW", AdamParams), ("adam", "Adam", AdamParams), ("lamb", "Lamb", LambParams),
-     ("lion", "Lion", LionParams), ("adagrad", "Adagrad", AdagradParams)],
+    [
+        ("adamw", "AdamW", AdamParams),
+        ("adam", "Adam", AdamParams),
+        ("lamb", "Lamb", LambParams),
+        ("lion", "Lion", LionParams),
+        ("adagrad", "Adagrad", AdagradParams),
+    ],
 )
 def test_optimizer_verbs(verb: str, type_name: str, params_class: type[Any]) -> None:
     """Each optimizer verb sets DeepSpeed's type name and its typed params."""
@@ -236,7 +267,8 @@ def test_optimizer_by_name() -> None:
     assert Config.optimizer("adamw", lr=0.1).optimizer_config == Optimizer(type="adamw", params=AdamParams(lr=0.1))
     sgd = Config.optimizer("SGD", lr=AUTO, momentum=0.9, betas=(0.9, 0.99), nested={"a": (1, 2)})
     assert sgd.to_dict()["optimizer"] == {
-        "type": "SGD", "params": {"lr": "auto", "momentum": 0.9, "betas": [0.9, 0.99], "nested": {"a": [1, 2]}}
+        "type": "SGD",
+        "params": {"lr": "auto", "momentum": 0.9, "betas": [0.9, 0.99], "nested": {"a": [1, 2]}},
     }
     assert Config.from_dict(sgd.to_dict()) == sgd
 
@@ -246,11 +278,17 @@ def test_optimizer_by_name() -> None:
     [
         (lambda: Config.adamw(lr=-1), InvalidValueError, "optimizer.params.lr: got -1, expected a number >= 0"),
         (lambda: Config.adamw(foo=1), UnknownKeyError, "optimizer.params.foo: unknown key"),
-        (lambda: Config.adamw(max_grad_norm=1.0), UnknownKeyError,
-         "optimizer.params.max_grad_norm: unknown key (DeepSpeed's Adam takes no max_grad_norm; set gradient_clipping at the top level)"),
+        (
+            lambda: Config.adamw(max_grad_norm=1.0),
+            UnknownKeyError,
+            "optimizer.params.max_grad_norm: unknown key (DeepSpeed's Adam takes no max_grad_norm; set gradient_clipping at the top level)",
+        ),
         (lambda: Config.optimizer(""), InvalidValueError, "optimizer.type: got '', expected an optimizer name"),
-        (lambda: Config.optimizer("SGD", lr=float("nan"), x={1, 2}), InvalidValueError,
-         "2 problems:\n  optimizer.params.lr: got nan, expected a JSON value\n  optimizer.params.x: got {1, 2}, expected a JSON value"),
+        (
+            lambda: Config.optimizer("SGD", lr=float("nan"), x={1, 2}),
+            InvalidValueError,
+            "2 problems:\n  optimizer.params.lr: got nan, expected a JSON value\n  optimizer.params.x: got {1, 2}, expected a JSON value",
+        ),
     ],
 )
 def test_optimizer_errors(call: Callable[[], Config], error: type[ConfigError], expected: str) -> None:
@@ -289,13 +327,22 @@ def test_scheduler_short_names() -> None:
 @pytest.mark.parametrize(
     ("call", "error", "expected"),
     [
-        (lambda: Config.warmup_lr(warmup_steps=1, warmup_num_steps=2), InvalidValueError,
-         "scheduler.params.warmup_num_steps: given twice, as 'warmup_steps' and 'warmup_num_steps' (pass only 'warmup_num_steps')"),
-        (lambda: Config.warmup_cosine_lr(min_lr=0), UnknownKeyError,
-         "scheduler.params.warmup_min_lr: unknown key (WarmupCosineLR takes ratios of the optimizer's lr: use warmup_min_ratio)"),
-        (lambda: Config.warmup_decay_lr(total_steps=-5, warmup_type="cosine"), InvalidValueError,
-         "2 problems:\n  scheduler.params.total_num_steps: got -5, expected an integer >= 0\n"
-         "  scheduler.params.warmup_type: got 'cosine', expected one of 'log', 'linear'"),
+        (
+            lambda: Config.warmup_lr(warmup_steps=1, warmup_num_steps=2),
+            InvalidValueError,
+            "scheduler.params.warmup_num_steps: given twice, as 'warmup_steps' and 'warmup_num_steps' (pass only 'warmup_num_steps')",
+        ),
+        (
+            lambda: Config.warmup_cosine_lr(min_lr=0),
+            UnknownKeyError,
+            "scheduler.params.warmup_min_lr: unknown key (WarmupCosineLR takes ratios of the optimizer's lr: use warmup_min_ratio)",
+        ),
+        (
+            lambda: Config.warmup_decay_lr(total_steps=-5, warmup_type="cosine"),
+            InvalidValueError,
+            "2 problems:\n  scheduler.params.total_num_steps: got -5, expected an integer >= 0\n"
+            "  scheduler.params.warmup_type: got 'cosine', expected one of 'log', 'linear'",
+        ),
     ],
 )
 def test_scheduler_errors(call: Callable[[], Config], error: type[ConfigError], expected: str) -> None:
@@ -308,7 +355,9 @@ def test_scheduler_errors(call: Callable[[], Config], error: type[ConfigError], 
 def test_batch() -> None:
     """batch() sets micro, accumulation and total; all are positive integers or AUTO."""
     assert Config.batch(micro=2, grad_accum=AUTO, total=64).to_dict() == {
-        "train_batch_size": 64, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": "auto"
+        "train_batch_size": 64,
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": "auto",
     }
     assert Config.batch() == Config()
     with pytest.raises(InvalidValueError) as e:
@@ -347,27 +396,51 @@ def test_zero_options() -> None:
 @pytest.mark.parametrize(
     ("call", "error", "expected"),
     [
-        (lambda: Config.zero_options(overlap_com=True), UnknownKeyError,
-         "zero_optimization.overlap_com: unknown key (did you mean 'overlap_comm'?)"),
-        (lambda: Config.zero_options(prefetch_bucket_size=1), UnknownKeyError,
-         "zero_optimization.prefetch_bucket_size: unknown key (did you mean 'stage3_prefetch_bucket_size'?)"),
-        (lambda: Config.zero_options(mics_shard_size=4), UnknownKeyError,
-         "zero_optimization.mics_shard_size: unknown key (MiCS sharding was removed from DeepSpeed: remove this key)"),
-        (lambda: Config.zero_options(offload_optimizer={"device": "gpu", "pin_memory": "yes", "x": 1}), ConfigError,
-         "3 problems:\n"
-         "  zero_optimization.offload_optimizer.device: got 'gpu', expected one of 'none', 'cpu', 'nvme'\n"
-         "  zero_optimization.offload_optimizer.pin_memory: got 'yes', expected true or false\n"
-         "  zero_optimization.offload_optimizer.x: unknown key"),
-        (lambda: Config.set(offload_optimizer={"device": "cpu"}), UnknownKeyError,
-         "offload_optimizer: unknown key (did you mean 'zero_optimization.offload_optimizer'?)"),
+        (
+            lambda: Config.zero_options(overlap_com=True),
+            UnknownKeyError,
+            "zero_optimization.overlap_com: unknown key (did you mean 'overlap_comm'?)",
+        ),
+        (
+            lambda: Config.zero_options(prefetch_bucket_size=1),
+            UnknownKeyError,
+            "zero_optimization.prefetch_bucket_size: unknown key (did you mean 'stage3_prefetch_bucket_size'?)",
+        ),
+        (
+            lambda: Config.zero_options(mics_shard_size=4),
+            UnknownKeyError,
+            "zero_optimization.mics_shard_size: unknown key (MiCS sharding was removed from DeepSpeed: remove this key)",
+        ),
+        (
+            lambda: Config.zero_options(offload_optimizer={"device": "gpu", "pin_memory": "yes", "x": 1}),
+            ConfigError,
+            "3 problems:\n"
+            "  zero_optimization.offload_optimizer.device: got 'gpu', expected one of 'none', 'cpu', 'nvme'\n"
+            "  zero_optimization.offload_optimizer.pin_memory: got 'yes', expected true or false\n"
+            "  zero_optimization.offload_optimizer.x: unknown key",
+        ),
+        (
+            lambda: Config.set(offload_optimizer={"device": "cpu"}),
+            UnknownKeyError,
+            "offload_optimizer: unknown key (did you mean 'zero_optimization.offload_optimizer'?)",
+        ),
         (lambda: Config.set(_comment="hi"), UnknownKeyError, "_comment: unknown key (DeepSpeed ignores it; remove it)"),
-        (lambda: Config.set(steps_per_print=0, wall_clock_breakdown="no"), InvalidValueError,
-         "2 problems:\n  steps_per_print: got 0, expected an integer > 0\n  wall_clock_breakdown: got 'no', expected true or false"),
-        (lambda: Config.set(steps_per_print=0, gradient_clipp1ng=1), ConfigError,
-         "2 problems:\n  gradient_clipp1ng: unknown key (did you mean 'gradient_clipping'?)\n"
-         "  steps_per_print: got 0, expected an integer > 0"),
-        (lambda: Config.set(zero_optimization=AUTO), InvalidValueError,
-         'zero_optimization: "auto" is not allowed here; expected a table'),
+        (
+            lambda: Config.set(steps_per_print=0, wall_clock_breakdown="no"),
+            InvalidValueError,
+            "2 problems:\n  steps_per_print: got 0, expected an integer > 0\n  wall_clock_breakdown: got 'no', expected true or false",
+        ),
+        (
+            lambda: Config.set(steps_per_print=0, gradient_clipp1ng=1),
+            ConfigError,
+            "2 problems:\n  gradient_clipp1ng: unknown key (did you mean 'gradient_clipping'?)\n"
+            "  steps_per_print: got 0, expected an integer > 0",
+        ),
+        (
+            lambda: Config.set(zero_optimization=AUTO),
+            InvalidValueError,
+            'zero_optimization: "auto" is not allowed here; expected a table',
+        ),
         (lambda: Config.set(fp16_config=FP16()), UnknownKeyError, "fp16_config: unknown key (did you mean 'fp16'?)"),
     ],
 )
@@ -423,7 +496,7 @@ def test_sections_are_frozen_keyword_only_attrs_classes(cls: type[Any]) -> None:
 def test_section_classes_by_ds_key_path() -> None:
     """section_classes() names each section by its dotted ds_config path (fp16, not fp16_config)."""
     classes = section_classes()
-    assert classes[""] is Config
+    assert classes[""] is ConfigFields and issubclass(Config, ConfigFields)
     assert classes["fp16"] is FP16 and classes["bf16"] is BF16 and classes["optimizer"] is Optimizer
     assert classes["zero_optimization.offload_param"] is OffloadParam
     assert "fp16_config" not in classes
@@ -477,7 +550,11 @@ def _field_docstrings(cls: type[Any]) -> dict[str, str | None]:
     for node, after in zip(body, [*body[1:], None], strict=True):
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             doc = None
-            if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str):
+            if (
+                isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)
+            ):
                 doc = after.value.value
             out[node.target.id] = doc
     return out
@@ -568,11 +645,14 @@ def test_legacy_keys_are_deepspeed_spellings(ds: Any) -> None:
     from deepspeed.runtime.tensor_parallel.config import TPTrainingConfig
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
-    for model, ours in ((DeepSpeedZeroConfig, ZeroOptimization), (TPTrainingConfig, section_classes()["tensor_parallel"])):
+    for model, ours in (
+        (DeepSpeedZeroConfig, ZeroOptimization),
+        (TPTrainingConfig, section_classes()["tensor_parallel"]),
+    ):
         spellings = set(model.model_fields) | {i.alias for i in model.model_fields.values() if i.alias}
         assert set(RENAMED_KEYS[ours]) <= spellings
         assert set(RENAMED_KEYS[ours].values()) <= keys_of(ours)
-    assert RENAMED_KEYS[Config] == {"bfloat16": "bf16"}
+    assert RENAMED_KEYS[ConfigFields] == {"bfloat16": "bf16"}
 
 
 class _Spy(dict):  # type: ignore[type-arg]
@@ -608,8 +688,17 @@ READ_ELSEWHERE = {
     "optimizer.legacy_fusion": "read with `in param_dict['optimizer'].keys()`",
 }
 # Sections DeepSpeed hands to a pydantic model whole (their fields are compared above).
-PYDANTIC_SECTIONS = {"fp16", "bf16", "zero_optimization", "tensorboard", "csv_monitor", "wandb", "comet",
-                     "comms_logger", "tensor_parallel"}
+PYDANTIC_SECTIONS = {
+    "fp16",
+    "bf16",
+    "zero_optimization",
+    "tensorboard",
+    "csv_monitor",
+    "wandb",
+    "comet",
+    "comms_logger",
+    "tensor_parallel",
+}
 
 
 def test_every_key_deepspeed_config_reads_is_known(ds: Any) -> None:
@@ -629,14 +718,11 @@ def test_every_key_deepspeed_config_reads_is_known(ds: Any) -> None:
     assert len(seen) > 60, "the spy saw too little: has DeepSpeed's parser changed how it reads?"
 
     typed = {f"{path}.{key}" if path else key for path, cls in section_classes().items() for key in keys_of(cls)}
-    known = typed | set(PASSTHROUGH_KEYS) | set(REMOVED_KEYS) | set(RENAMED_KEYS[Config])
+    known = typed | set(PASSTHROUGH_KEYS) | set(REMOVED_KEYS) | set(RENAMED_KEYS[ConfigFields])
     assert sorted(seen - known) == []
 
     # And the other way: every key of a section DeepSpeed reads by lookup is one it looks up.
-    read_by_lookup = {
-        k for k in typed
-        if k.split(".")[0] not in PYDANTIC_SECTIONS and k not in READ_ELSEWHERE
-    }
+    read_by_lookup = {k for k in typed if k.split(".")[0] not in PYDANTIC_SECTIONS and k not in READ_ELSEWHERE}
     assert sorted(read_by_lookup - seen) == []
 
 
@@ -646,6 +732,6 @@ def test_removed_sections_match_deepspeed(ds: Any) -> None:
 
     assert set(REMOVED_KEYS) == set(ds_config._REMOVED_TOP_LEVEL_CONFIG_KEYS)
     removed_zero = set(ds_config._REMOVED_ZERO_CONFIG_KEYS)
-    from dsbuild.config._fields import UNKNOWN_KEY_HINTS
+    from dsbuild.config.keys import UNKNOWN_KEY_HINTS
 
     assert removed_zero <= {key for cls, key in UNKNOWN_KEY_HINTS if cls == "ZeroOptimization"}

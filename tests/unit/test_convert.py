@@ -21,7 +21,9 @@ from dsbuild.config import (
     TensorParallelTP,
     ZeroOptimization,
 )
-from dsbuild.convert import REMOVED_KEYS, RENAMED_KEYS, converter, from_dict, to_dict
+from dsbuild.convert import REMOVED_KEYS, RENAMED_KEYS, converter, to_dict
+
+from_dict = Config.from_dict
 
 
 def read_error(data: Any, *, strict: bool = True) -> ConfigError:
@@ -47,8 +49,10 @@ def test_only_what_was_set_is_written() -> None:
 
 def test_written_keys_are_deepspeeds() -> None:
     """fp16/bf16/optimizer are written under DeepSpeed's keys, AUTO as "auto", tuples as lists."""
-    cfg = Config.fp16(loss_scale=0).adamw(lr=AUTO, betas=(0.9, 0.999)).set(
-        data_types=DataTypes(keep_in_fp32_modules=("norm",))
+    cfg = (
+        Config.fp16(loss_scale=0)
+        .adamw(lr=AUTO, betas=(0.9, 0.999))
+        .set(data_types=DataTypes(keep_in_fp32_modules=("norm",)))
     )
     d = to_dict(cfg)
     assert d == {
@@ -78,9 +82,14 @@ def test_ignored_keys_are_never_written() -> None:
 def test_round_trip_of_a_full_config() -> None:
     """A config with every kind of field reads back equal after to_dict."""
     cfg = (
-        Config.zero(3).offload_nvme("/nvme", buffer_count=5).bf16(immediate_grad_update=True)
-        .lamb(lr=1e-3, betas=[0.9, AUTO]).one_cycle(cycle_min_lr=0, cycle_max_lr=1e-3, cycle_momentum=False)
-        .batch(micro=AUTO, total=512).clip_grad(AUTO).comm_dtype("fp16")
+        Config.zero(3)
+        .offload_nvme("/nvme", buffer_count=5)
+        .bf16(immediate_grad_update=True)
+        .lamb(lr=1e-3, betas=[0.9, AUTO])
+        .one_cycle(cycle_min_lr=0, cycle_max_lr=1e-3, cycle_momentum=False)
+        .batch(micro=AUTO, total=512)
+        .clip_grad(AUTO)
+        .comm_dtype("fp16")
         .zero_options(zenflow={"topk_ratio": 0.05, "select_strategy": "auto"}, stage3_prefetch_bucket_size=AUTO)
         .set(tensor_parallel=TensorParallel(autotp_size=2, tp=TensorParallelTP(tp_size=2)), log_level="warning")
     )
@@ -108,8 +117,13 @@ def test_legacy_zero_names_are_read_as_the_modern_ones(old: str, new: str) -> No
 
 def test_legacy_and_modern_together_is_an_error() -> None:
     """A key given under both names cannot be read one way: say which to keep."""
-    e = read_error({"bfloat16": {"enabled": True}, "bf16": {"enabled": False},
-                    "zero_optimization": {"prefetch_bucket_size": 1, "stage3_prefetch_bucket_size": 2}})
+    e = read_error(
+        {
+            "bfloat16": {"enabled": True},
+            "bf16": {"enabled": False},
+            "zero_optimization": {"prefetch_bucket_size": 1, "stage3_prefetch_bucket_size": 2},
+        }
+    )
     assert str(e) == (
         "2 problems:\n"
         "  bfloat16: given together with 'bf16', which replaces it (keep only 'bf16')\n"
@@ -170,8 +184,13 @@ def test_zero_optimization_true(data: dict[str, Any], zero: dict[str, Any]) -> N
 
 def test_reading_does_not_change_the_input() -> None:
     """from_dict reads; it never edits the caller's dict (legacy keys included)."""
-    data = {"zero_optimization": True, "allgather_size": 1e8, "bfloat16": {"enabled": True},
-            "optimizer": {"type": "SGD", "params": {"lr": "auto"}}, "compile": {"x": [1]}}
+    data = {
+        "zero_optimization": True,
+        "allgather_size": 1e8,
+        "bfloat16": {"enabled": True},
+        "optimizer": {"type": "SGD", "params": {"lr": "auto"}},
+        "compile": {"x": [1]},
+    }
     before = copy.deepcopy(data)
     from_dict(data)
     assert data == before
@@ -204,28 +223,50 @@ def test_scientific_strings_in_number_fields() -> None:
     ("data", "expected"),
     [
         ({"zero_optimization": {"stage": 2.5}}, "zero_optimization.stage: got 2.5, expected an integer >= 0 and <= 3"),
-        ({"zero_optimization": {"reduce_bucket_size": "2.5e0"}},
-         "zero_optimization.reduce_bucket_size: got '2.5e0', expected an integer > 0"),
+        (
+            {"zero_optimization": {"reduce_bucket_size": "2.5e0"}},
+            "zero_optimization.reduce_bucket_size: got '2.5e0', expected an integer > 0",
+        ),
         ({"zero_optimization": {"stage": "3"}}, "zero_optimization.stage: got '3', expected an integer >= 0 and <= 3"),
-        ({"zero_optimization": {"stage": True}}, "zero_optimization.stage: got true, expected an integer >= 0 and <= 3"),
+        (
+            {"zero_optimization": {"stage": True}},
+            "zero_optimization.stage: got true, expected an integer >= 0 and <= 3",
+        ),
         ({"train_batch_size": True}, "train_batch_size: got true, expected an integer > 0"),
         ({"train_batch_size": "3"}, "train_batch_size: got '3', expected an integer > 0"),
-        ({"zero_optimization": {"overlap_comm": "yes"}}, "zero_optimization.overlap_comm: got 'yes', expected true or false"),
-        ({"zero_optimization": {"overlap_comm": "true"}}, "zero_optimization.overlap_comm: got 'true', expected true or false"),
+        (
+            {"zero_optimization": {"overlap_comm": "yes"}},
+            "zero_optimization.overlap_comm: got 'yes', expected true or false",
+        ),
+        (
+            {"zero_optimization": {"overlap_comm": "true"}},
+            "zero_optimization.overlap_comm: got 'true', expected true or false",
+        ),
         ({"zero_optimization": {"overlap_comm": 1}}, "zero_optimization.overlap_comm: got 1, expected true or false"),
         ({"gradient_clipping": True}, "gradient_clipping: got true, expected a number >= 0"),
         ({"gradient_clipping": float("inf")}, "gradient_clipping: got inf, expected a number >= 0"),
         ({"gradient_clipping": float("nan")}, "gradient_clipping: got nan, expected a number >= 0"),
-        ({"zero_optimization": {"offload_optimizer": {"device": "gpu"}}},
-         "zero_optimization.offload_optimizer.device: got 'gpu', expected one of 'none', 'cpu', 'nvme'"),
-        ({"zero_optimization": {"offload_optimizer": {"ratio": 1.5}}},
-         "zero_optimization.offload_optimizer.ratio: got 1.5, expected a number >= 0 and <= 1"),
-        ({"optimizer": {"type": "Adam", "params": {"betas": [0.9]}}},
-         "optimizer.params.betas: got a list [0.9], expected a list of two numbers"),
+        (
+            {"zero_optimization": {"offload_optimizer": {"device": "gpu"}}},
+            "zero_optimization.offload_optimizer.device: got 'gpu', expected one of 'none', 'cpu', 'nvme'",
+        ),
+        (
+            {"zero_optimization": {"offload_optimizer": {"ratio": 1.5}}},
+            "zero_optimization.offload_optimizer.ratio: got 1.5, expected a number >= 0 and <= 1",
+        ),
+        (
+            {"optimizer": {"type": "Adam", "params": {"betas": [0.9]}}},
+            "optimizer.params.betas: got a list [0.9], expected a list of two numbers",
+        ),
         ({"zero_optimization": 3}, "zero_optimization: got 3, expected a table"),
-        ({"zero_optimization": {"offload_optimizer": "auto"}},
-         "zero_optimization.offload_optimizer: got 'auto', expected a table"),
-        ({"zero_optimization": {"zenflow": "auto"}}, 'zero_optimization.zenflow: "auto" is not allowed here; expected a table'),
+        (
+            {"zero_optimization": {"offload_optimizer": "auto"}},
+            "zero_optimization.offload_optimizer: got 'auto', expected a table",
+        ),
+        (
+            {"zero_optimization": {"zenflow": "auto"}},
+            'zero_optimization.zenflow: "auto" is not allowed here; expected a table',
+        ),
         ({"optimizer": {"params": {"lr": 1}}}, "optimizer.type: missing"),
         ({"optimizer": {"type": 3}}, "optimizer.type: got 3, expected a name"),
         ({"optimizer": {"type": "SGD", "params": [1]}}, "optimizer.params: got a list [1], expected a table"),
@@ -243,9 +284,14 @@ def test_bad_values_are_refused_with_their_path(data: Any, expected: str) -> Non
 
 
 def test_auto_is_read_where_allowed() -> None:
-    """"auto" in a file is AUTO in any field that takes it, inside sections too."""
-    cfg = from_dict({"train_batch_size": "auto", "fp16": {"enabled": "auto"},
-                     "optimizer": {"type": "RMSprop", "params": {"lr": "auto", "alpha": [1, "auto"]}}})
+    """ "auto" in a file is AUTO in any field that takes it, inside sections too."""
+    cfg = from_dict(
+        {
+            "train_batch_size": "auto",
+            "fp16": {"enabled": "auto"},
+            "optimizer": {"type": "RMSprop", "params": {"lr": "auto", "alpha": [1, "auto"]}},
+        }
+    )
     assert cfg.train_batch_size is AUTO
     assert cfg.fp16_config is not None and cfg.fp16_config.enabled is AUTO
     assert cfg.optimizer_config == Optimizer(type="RMSprop", params={"lr": AUTO, "alpha": [1, "auto"]})
@@ -284,27 +330,49 @@ def test_null_is_unset() -> None:
     ("data", "expected"),
     [
         ({"gradient_clipp1ng": 1.0}, "gradient_clipp1ng: unknown key (did you mean 'gradient_clipping'?)"),
-        ({"zero_optimization": {"overlap_com": True}},
-         "zero_optimization.overlap_com: unknown key (did you mean 'overlap_comm'?)"),
-        ({"zero_optimization": {"offload_optimizer": {"devcie": "cpu"}}},
-         "zero_optimization.offload_optimizer.devcie: unknown key (did you mean 'device'?)"),
-        ({"offload_optimizer": {"device": "cpu"}},
-         "offload_optimizer: unknown key (did you mean 'zero_optimization.offload_optimizer'?)"),
+        (
+            {"zero_optimization": {"overlap_com": True}},
+            "zero_optimization.overlap_com: unknown key (did you mean 'overlap_comm'?)",
+        ),
+        (
+            {"zero_optimization": {"offload_optimizer": {"devcie": "cpu"}}},
+            "zero_optimization.offload_optimizer.devcie: unknown key (did you mean 'device'?)",
+        ),
+        (
+            {"offload_optimizer": {"device": "cpu"}},
+            "offload_optimizer: unknown key (did you mean 'zero_optimization.offload_optimizer'?)",
+        ),
         ({"loss_scale": 0}, "loss_scale: unknown key (did you mean 'fp16.loss_scale'?)"),
-        ({"zero_optimization": {"pin_memory": True}},
-         "zero_optimization.pin_memory: unknown key (did you mean 'zero_optimization.offload_optimizer.pin_memory'?)"),
-        ({"optimizer": {"type": "AdamW", "lr": 1e-3}}, "optimizer.lr: unknown key (did you mean 'optimizer.params.lr'?)"),
+        (
+            {"zero_optimization": {"pin_memory": True}},
+            "zero_optimization.pin_memory: unknown key (did you mean 'zero_optimization.offload_optimizer.pin_memory'?)",
+        ),
+        (
+            {"optimizer": {"type": "AdamW", "lr": 1e-3}},
+            "optimizer.lr: unknown key (did you mean 'optimizer.params.lr'?)",
+        ),
         ({"_comment": "see the docs"}, "_comment: unknown key (DeepSpeed ignores it; remove it)"),
-        ({"zero_optimization": {"_note": "x"}}, "zero_optimization._note: unknown key (DeepSpeed ignores it; remove it)"),
-        ({"optimizer": {"type": "Adam", "params": {"max_grad_norm": 1}}},
-         "optimizer.params.max_grad_norm: unknown key (DeepSpeed's Adam takes no max_grad_norm; set gradient_clipping at the top level)"),
-        ({"scheduler": {"type": "WarmupCosineLR", "params": {"warmup_max_lr": 1}}},
-         "scheduler.params.warmup_max_lr: unknown key (WarmupCosineLR warms up to the optimizer's lr: remove warmup_max_lr)"),
-        ({"zero_optimization": {"mics_shard_size": 2}},
-         "zero_optimization.mics_shard_size: unknown key (MiCS sharding was removed from DeepSpeed: remove this key)"),
-        ({"monitor_config": {"enabled": True}},
-         "monitor_config: unknown key (DeepSpeed ignores it: monitors are the top-level tensorboard, wandb, csv_monitor"
-         " and comet sections)"),
+        (
+            {"zero_optimization": {"_note": "x"}},
+            "zero_optimization._note: unknown key (DeepSpeed ignores it; remove it)",
+        ),
+        (
+            {"optimizer": {"type": "Adam", "params": {"max_grad_norm": 1}}},
+            "optimizer.params.max_grad_norm: unknown key (DeepSpeed's Adam takes no max_grad_norm; set gradient_clipping at the top level)",
+        ),
+        (
+            {"scheduler": {"type": "WarmupCosineLR", "params": {"warmup_max_lr": 1}}},
+            "scheduler.params.warmup_max_lr: unknown key (WarmupCosineLR warms up to the optimizer's lr: remove warmup_max_lr)",
+        ),
+        (
+            {"zero_optimization": {"mics_shard_size": 2}},
+            "zero_optimization.mics_shard_size: unknown key (MiCS sharding was removed from DeepSpeed: remove this key)",
+        ),
+        (
+            {"monitor_config": {"enabled": True}},
+            "monitor_config: unknown key (DeepSpeed ignores it: monitors are the top-level tensorboard, wandb, csv_monitor"
+            " and comet sections)",
+        ),
         ({"cuda_visible_devices": 0}, "cuda_visible_devices: unknown key"),
     ],
 )
@@ -317,8 +385,14 @@ def test_unknown_keys_name_the_path_and_suggest(data: dict[str, Any], expected: 
 
 def test_problems_are_reported_together() -> None:
     """Every problem of a file is reported at once, one per line, unknown keys and bad values alike."""
-    e = read_error({"foo": 1, "zero_optimization": {"stgae": 3, "overlap_comm": 3}, "_comment": "x",
-                    "bf16": {"enabled": "auto", "x": 1}})
+    e = read_error(
+        {
+            "foo": 1,
+            "zero_optimization": {"stgae": 3, "overlap_comm": 3},
+            "_comment": "x",
+            "bf16": {"enabled": "auto", "x": 1},
+        }
+    )
     assert type(e) is ConfigError
     assert str(e) == (
         "5 problems:\n"
@@ -328,8 +402,13 @@ def test_problems_are_reported_together() -> None:
         "  _comment: unknown key (DeepSpeed ignores it; remove it)\n"
         "  bf16.x: unknown key"
     )
-    assert [p.path for p in e.problems] == ["foo", "zero_optimization.stgae", "zero_optimization.overlap_comm",
-                                            "_comment", "bf16.x"]
+    assert [p.path for p in e.problems] == [
+        "foo",
+        "zero_optimization.stgae",
+        "zero_optimization.overlap_comm",
+        "_comment",
+        "bf16.x",
+    ]
 
 
 def test_error_class_follows_the_problems() -> None:
@@ -341,8 +420,9 @@ def test_error_class_follows_the_problems() -> None:
 
 def test_non_strict_carries_unknown_keys() -> None:
     """strict=False reads past unknown keys (at any depth) and keeps them, by dotted path, in Config.ignored."""
-    cfg = from_dict({"foo": 1, "zero_optimization": {"stgae": 3, "stage": 2}, "_comment": "x", "bf16": {"x": [1]}},
-                    strict=False)
+    cfg = from_dict(
+        {"foo": 1, "zero_optimization": {"stgae": 3, "stage": 2}, "_comment": "x", "bf16": {"x": [1]}}, strict=False
+    )
     assert cfg == Config(zero_optimization=ZeroOptimization(stage=2), bf16=BF16())
     assert cfg.ignored == {"foo": 1, "zero_optimization.stgae": 3, "_comment": "x", "bf16.x": [1]}
 

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from dsbuild import ConfigError
-from dsbuild.data import IGNORE_INDEX, count_records, prompt_of, read_records, tokenize
+from dsbuild.data import IGNORE_INDEX, prompt_of, read_records, tokenize
+from dsbuild.io import count_records
 
 
 class Bytes:

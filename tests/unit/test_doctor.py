@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from dsbuild import Config, doctor
-from dsbuild.doctor import Check, DoctorReport, needed_ops, render_report, report, version_tuple
+from dsbuild.doctor import Check, DoctorReport, needed_ops, render_report, report
+from dsbuild.versions import version_tuple
 
 
 def _builder(class_name: str) -> Any:

@@ -14,8 +14,8 @@ from dsbuild import (
     UnknownKeyError,
     UnresolvedAutoError,
 )
-from dsbuild._suggest import closest, did_you_mean
 from dsbuild.errors import Problem, merge_errors
+from dsbuild.suggest import closest, did_you_mean
 
 
 def test_error_tree() -> None:
@@ -29,7 +29,9 @@ def test_error_tree() -> None:
 
 def test_problem_text() -> None:
     """A problem reads "path: message (hint)"; the path and hint are left out when empty."""
-    assert str(Problem("zero_optimization.stage", "got 4, expected 0-3")) == "zero_optimization.stage: got 4, expected 0-3"
+    assert (
+        str(Problem("zero_optimization.stage", "got 4, expected 0-3")) == "zero_optimization.stage: got 4, expected 0-3"
+    )
     assert str(Problem("", "not a table")) == "not a table"
     assert str(Problem("gradient_clipp1ng", "unknown key", "did you mean 'gradient_clipping'?")) == (
         "gradient_clipp1ng: unknown key (did you mean 'gradient_clipping'?)"
@@ -60,11 +62,7 @@ def test_one_problem_message() -> None:
 def test_several_problems_one_per_line() -> None:
     """Several problems are counted, then listed one per line."""
     e = ConfigError([Problem("a", "unknown key", "did you mean 'b'?"), Problem("c.d", "got 1, expected true or false")])
-    assert str(e) == (
-        "2 problems:\n"
-        "  a: unknown key (did you mean 'b'?)\n"
-        "  c.d: got 1, expected true or false"
-    )
+    assert str(e) == ("2 problems:\n  a: unknown key (did you mean 'b'?)\n  c.d: got 1, expected true or false")
 
 
 def test_message_from_a_string_and_a_source() -> None:
@@ -97,7 +95,10 @@ def test_merge_errors() -> None:
 
 def test_missing_dependency_names_the_install_command() -> None:
     """A missing optional package says which pip install fixes it."""
-    assert str(MissingDependencyError("pyyaml", "Reading YAML")) == "Reading YAML needs the 'pyyaml' package: pip install pyyaml"
+    assert (
+        str(MissingDependencyError("pyyaml", "Reading YAML"))
+        == "Reading YAML needs the 'pyyaml' package: pip install pyyaml"
+    )
     e = MissingDependencyError("deepspeed", "Session", extra="train")
     assert str(e) == "Session needs the 'deepspeed' package: pip install 'dsbuild[train]'"
     assert e.package == "deepspeed"

@@ -11,9 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from dsbuild import AUTO, Config, ConfigError, MissingDependencyError, PresetNotFoundError, UnknownKeyError
-from dsbuild.io import load, merge, read_dict, read_json, read_toml, read_yaml, write_json, write_toml
+from dsbuild import AUTO, Config, ConfigError, MissingDependencyError, PresetNotFoundError, UnknownKeyError, io
+from dsbuild.io import merge, read_dict, write_json, write_toml
 from dsbuild.presets import preset_names
+
+# The readers build the class they are given; the public API gives Config.
+load, read_json, read_toml, read_yaml = (
+    functools.partial(f, cls=Config) for f in (io.load, io.read_json, io.read_toml, io.read_yaml)
+)
 
 
 def _config() -> Config:

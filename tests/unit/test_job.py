@@ -14,17 +14,9 @@ import pytest
 
 import dsbuild
 from dsbuild import Config, ConfigError, Job, Training, load_job
-from dsbuild.job import (
-    LaunchSpec,
-    accelerate_config,
-    demo_job_path,
-    for_hf,
-    is_job,
-    mixed_precision_of,
-    parse_device_mapping,
-    parse_set,
-    to_yaml,
-)
+from dsbuild.interop import accelerate_config, for_hf, mixed_precision_of, to_yaml
+from dsbuild.job import LaunchSpec, demo_job_path, is_job, parse_device_mapping
+from dsbuild.overrides import parse_set
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_DATA = demo_job_path().parent / "arith_train.jsonl"
@@ -430,7 +422,7 @@ def test_accelerate_config_reads_back_in_accelerate(tmp_path: Path) -> None:
     settings = accelerate_config("out/ds_config.json", num_processes=4, num_machines=2, zero3_init=True,
                                  mixed_precision="bf16")  # fmt: skip
     yaml = pytest.importorskip("yaml")
-    from dsbuild import job as job_module
+    from dsbuild import interop as job_module
 
     text = to_yaml(settings)
     hand = "".join(job_module._yaml_lines(settings, 0))

@@ -1,4 +1,4 @@
-"""dsbuild.plan: sizes and counts, parameter counting, the rows, the pick, the table and the JSON."""
+"""dsbuild.planner: sizes and counts, parameter counting, the rows, the pick, the table and the JSON."""
 
 from __future__ import annotations
 
@@ -193,7 +193,7 @@ def test_defaults_for_omitted_keys_are_transformers_class_defaults() -> None:
     """What dsbuild assumes for a key a config.json leaves out is what transformers assumes."""
     import transformers
 
-    from dsbuild.planner import _DEFAULTS
+    from dsbuild.planner.count import DEFAULTS as _DEFAULTS
 
     classes = {
         "llama": transformers.LlamaConfig,

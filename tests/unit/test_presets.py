@@ -16,7 +16,9 @@ import tomllib
 
 import dsbuild
 from dsbuild import Config, ConfigError, PresetNotFoundError
-from dsbuild.presets import load_preset, preset_names, preset_path, presets, presets_dir
+from dsbuild.presets import preset_names, preset_path, presets, presets_dir
+
+load_preset = Config.preset
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -275,4 +277,4 @@ def test_wheel_ships_the_presets(tmp_path: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     for name in EXPECTED:
         assert f"dsbuild/presets/{name}.toml" in names
-    assert "dsbuild/io.py" in names and "dsbuild/cli.py" in names
+    assert "dsbuild/io.py" in names and "dsbuild/cli/__init__.py" in names

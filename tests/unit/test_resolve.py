@@ -19,7 +19,9 @@ from dsbuild import (
     UnknownKeyError,
     UnresolvedAutoError,
 )
-from dsbuild.resolve import Explanation, Training, auto_paths, explain, model_hidden_size, render_explanation, resolve
+from dsbuild.config.walk import auto_paths
+from dsbuild.resolve import Explanation, explain, model_hidden_size, render_explanation, resolve
+from dsbuild.training import Training
 
 BATCH = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1}
 """A valid batch at any world size, so rows about other keys need no training arguments."""
@@ -571,28 +573,37 @@ NOT_SET = (
     ' (set it to a number, or to "auto" and pass training=...)'
 )
 
+NOT_A_MULTIPLE = (
+    " (use a multiple of {}, or set train_micro_batch_size_per_gpu and gradient_accumulation_steps instead)"
+)
+"""The hint of a train_batch_size that the other sizes do not divide (the same words as validate's: dsbuild.batch)."""
+
 BAD_TRIANGLES: list[tuple[dict[str, Any], int, str]] = [
     (
         {"train_batch_size": 60, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2},
         8,
-        "train_batch_size: 60 is not micro 4 × accumulation 2 × world size 8 (= 64)",
+        "train_batch_size: 60 != train_micro_batch_size_per_gpu 4 x gradient_accumulation_steps 2 x world size 8 = 64"
+        " (set train_batch_size 64, or leave it out and let DeepSpeed derive it)",
     ),
     (
         {"train_batch_size": 60, "train_micro_batch_size_per_gpu": 4},
         8,
-        "train_batch_size: 60 is not a multiple of micro 4 × world size 8 (= 32)",
+        "train_batch_size: 60 is not a multiple of train_micro_batch_size_per_gpu 4 x world size 8 = 32"
+        + NOT_A_MULTIPLE.format(32),
     ),
     (
         {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4},
         8,
-        "train_batch_size: 16 is not a multiple of micro 4 × world size 8 (= 32)",
+        "train_batch_size: 16 is not a multiple of train_micro_batch_size_per_gpu 4 x world size 8 = 32"
+        + NOT_A_MULTIPLE.format(32),
     ),
     (
         {"train_batch_size": 60, "gradient_accumulation_steps": 4},
         8,
-        "train_batch_size: 60 is not a multiple of accumulation 4 × world size 8 (= 32)",
+        "train_batch_size: 60 is not a multiple of gradient_accumulation_steps 4 x world size 8 = 32"
+        + NOT_A_MULTIPLE.format(32),
     ),
-    ({"train_batch_size": 12}, 8, "train_batch_size: 12 is not a multiple of accumulation 1 × world size 8 (= 8)"),
+    ({"train_batch_size": 12}, 8, "train_batch_size: 12 is not a multiple of world size 8" + NOT_A_MULTIPLE.format(8)),
     ({"gradient_accumulation_steps": 4}, 8, NOT_SET),
     ({}, 1, NOT_SET),
 ]

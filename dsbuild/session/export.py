@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from . import _dist
+from . import distributed
 
 __all__ = ["full_state_dict", "save_hf", "trainable_state_dict"]
 
@@ -25,7 +25,7 @@ def full_state_dict(engine: Any) -> dict[str, torch.Tensor] | None:
         # Gathers one module at a time, so no device ever holds the whole model.
         sd: dict[str, torch.Tensor] | None = engine._zero3_consolidated_16bit_state_dict()
         return sd
-    if _dist.rank() != 0:
+    if distributed.rank() != 0:
         return None
     return {k: v.detach().cpu() for k, v in engine.module.state_dict().items()}
 
@@ -39,7 +39,7 @@ def trainable_state_dict(engine: Any) -> dict[str, torch.Tensor] | None:
     import deepspeed
 
     named = [(n, p) for n, p in engine.module.named_parameters() if p.requires_grad]
-    main = _dist.rank() == 0
+    main = distributed.rank() == 0
     gather = (
         deepspeed.zero.GatheredParameters([p for _, p in named]) if _partitioned(engine) else contextlib.nullcontext()
     )
@@ -104,7 +104,7 @@ def save_hf(engine: Any, model: Any, path: str | Path, *, merge_lora: bool = Fal
     path = Path(path)
     peft = _is_peft(model)
     sd = trainable_state_dict(engine) if peft and not merge_lora else full_state_dict(engine)
-    if _dist.rank() == 0:
+    if distributed.rank() == 0:
         assert sd is not None
         path.mkdir(parents=True, exist_ok=True)
         if peft and merge_lora:
@@ -116,4 +116,4 @@ def save_hf(engine: Any, model: Any, path: str | Path, *, merge_lora: bool = Fal
             save_file({k: v.contiguous().clone() for k, v in sd.items()}, str(path / "model.safetensors"))
         if tokenizer is not None:
             tokenizer.save_pretrained(path)
-    _dist.barrier()
+    distributed.barrier()

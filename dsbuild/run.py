@@ -1,8 +1,8 @@
 """The training run of ``dsbuild train``: one process of it, reading a job file and training its model.
 
 ``dsbuild train`` runs ``run(job)`` in its own process for a one-process job, and
-starts ``python -m dsbuild.train JOB --set KEY=VALUE ... [--resume]`` on every rank
-through torchrun for more. Each process:
+starts ``python -m dsbuild.run JOB --set KEY=VALUE ... [--resume]`` on every rank
+through torchrun for more (``dsbuild.launch``). Each process:
 
 1. reads the job (the same file and ``--set`` overrides on every rank),
 2. builds the tokenizer and the data (every rank tokenizes the records; each trains on its share),
@@ -14,17 +14,17 @@ through torchrun for more. Each process:
    and ``loss.png``.
 
 Importing this module is light; torch, DeepSpeed, transformers, peft and matplotlib
-are imported by the functions that need them.
+are imported by the functions that need them. What is worth telling goes to the
+``dsbuild`` logger (rank 0 only); the CLI prints it.
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
+import logging
 import math
 import os
-import sys
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -32,9 +32,12 @@ from typing import Any
 
 import attrs
 
-from ._suggest import did_you_mean
-from .errors import ConfigError, DsbuildError, MissingDependencyError, Problem
-from .job import BYTE_TOKENIZER, Job, ModelSpec, demo_job_path, load_job, parse_set
+from .atomic import write_atomic
+from .errors import ConfigError, MissingDependencyError, Problem
+from .job import BYTE_TOKENIZER, Job, ModelSpec
+from .suggest import did_you_mean
+
+logger = logging.getLogger("dsbuild")
 
 __all__ = [
     "HISTORY",
@@ -42,7 +45,6 @@ __all__ = [
     "Prepared",
     "RunResult",
     "build_tokenizer",
-    "main",
     "model_source",
     "plot_loss",
     "preflight",
@@ -181,14 +183,14 @@ def _run_steps(job: Job, samples: int, world: int, pretrained: Any) -> int:
 # -- the run ------------------------------------------------------------------------------
 
 
-def run(job: Job, *, resume: bool = False, log: Callable[[str], None] | None = None) -> RunResult:
+def run(job: Job, *, resume: bool = False) -> RunResult:
     """Train ``job`` in this process (one rank of the run); see the module docstring.
 
-    ``log`` receives the few lines worth telling (rank 0 only): what was resumed, what the data lost.
+    The few lines worth telling (what was resumed, what the data lost) go to the ``dsbuild`` logger, from rank 0.
     """
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_QUIET, category=FutureWarning)
-        return _run(job, resume=resume, log=log or (lambda _: None))
+        return _run(job, resume=resume)
 
 
 @attrs.frozen
@@ -214,14 +216,14 @@ def prepare(job: Job) -> Prepared:
     ``zero.Init`` at ZeRO-3, LoRA applied, gradient checkpointing on when asked.
     """
     from .data import collate
-    from .session import Session, _dist
-    from .session._model import pretrained_config
+    from .session import Session, distributed
+    from .session.building import pretrained_config
 
     source = model_source(job.model)
     pretrained = pretrained_config(source)
     tokenizer = build_tokenizer(job.model)
     train, evaluation, note = _datasets(job, tokenizer)
-    total = _run_steps(job, len(train), _dist.world_size(), pretrained)
+    total = _run_steps(job, len(train), distributed.world_size(), pretrained)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     session = Session.from_pretrained(
         source,
@@ -240,25 +242,25 @@ def prepare(job: Job) -> Prepared:
     return Prepared(session, train, evaluation, collate_fn, total, note)
 
 
-def _run(job: Job, *, resume: bool, log: Callable[[str], None]) -> RunResult:
-    from .session import _checkpoint, _dist
+def _run(job: Job, *, resume: bool) -> RunResult:
+    from .session import checkpoints, distributed
 
     ready = prepare(job)
     session = ready.session
-    main_process = _dist.rank() == 0
-    say = log if main_process else (lambda _: None)
+    main_process = distributed.rank() == 0
+    say = logger.info if main_process else (lambda _: None)
     if ready.note:
         say(ready.note)
 
     resumed_from = None
-    checkpoints = job.output_dir / "checkpoints"
+    save_dir = job.output_dir / "checkpoints"
     if resume:
-        latest = _checkpoint.read_latest(checkpoints)
+        latest = checkpoints.read_latest(save_dir)
         if latest is None:
-            say(f"--resume: no checkpoint in {checkpoints}; starting from step 0")
+            say(f"--resume: no checkpoint in {save_dir}; starting from step 0")
         else:
             resumed_from = int(session.load_checkpoint()["global_step"])  # engine, data position, RNG
-            say(f"resumed from {checkpoints / latest} at step {resumed_from}")
+            say(f"resumed from {save_dir / latest} at step {resumed_from}")
 
     # Checkpoints every save_steps come from fit itself; evaluation every eval_steps (default: at each checkpoint).
     save_steps = job.training.save_steps
@@ -272,7 +274,7 @@ def _run(job: Job, *, resume: bool, log: Callable[[str], None]) -> RunResult:
 
     history = _whole_history(job.output_dir / HISTORY, history, resumed_from)
     if main_process:
-        _write_json(job.output_dir / HISTORY, history)
+        write_atomic(job.output_dir / HISTORY, json.dumps(history, indent=1) + "\n")
         try:
             plot_loss(history, job.output_dir / LOSS_PLOT, title=_title(job))
         except MissingDependencyError as e:
@@ -291,17 +293,11 @@ def _whole_history(path: Path, new: list[dict[str, Any]], resumed_from: int | No
     return [r for r in old if isinstance(r, dict) and int(r.get("step", 0)) <= resumed_from] + new
 
 
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def _title(job: Job) -> str:
-    from .session import _dist
+    from .session import distributed
 
     name = Path(job.source).stem if job.source else "job"
-    world = _dist.world_size()
+    world = distributed.world_size()
     return f"{name}: {job.strategy.ref}, {world} process{'es' if world > 1 else ''}"
 
 
@@ -311,7 +307,7 @@ def plot_loss(history: Sequence[dict[str, Any]], path: Path, *, title: str = "")
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
-        raise MissingDependencyError("matplotlib", "plotting the loss") from None
+        raise MissingDependencyError("matplotlib", "plotting the loss", extra="train") from None
 
     train = [(r["step"], r["loss"]) for r in history if r.get("loss") is not None]
     evaluation = [(r["step"], r["eval_loss"]) for r in history if r.get("eval_loss") is not None]
@@ -374,53 +370,3 @@ def summary_lines(job: Job) -> list[str]:
     for label, path, note in rows:
         lines.append(f"{label:<{width}}  {path}" + (f"  ({note})" if note else ""))
     return lines
-
-
-# -- one rank, started by torchrun --------------------------------------------------------
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m dsbuild.train",
-        description="One process of `dsbuild train` (started on every rank by torchrun).",
-    )
-    p.add_argument("job", nargs="?", type=Path, help="the job file (default: the built-in demo job)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a job value")
-    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in output_dir")
-    return p
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run one rank: read the job, train it; errors in the job are one line each and exit 2."""
-    from torch.distributed.elastic.multiprocessing.errors import record
-
-    # record: an exception is written where torchrun's error summary finds it (which rank, and its traceback).
-    code = record(_main)(argv)
-    return int(code or 0)
-
-
-def _main(argv: Sequence[str] | None) -> int:
-    args = _parser().parse_args(argv)
-    rank = int(os.environ.get("RANK", "0"))
-    try:
-        job = load_job(args.job or demo_job_path(), dict(parse_set(text) for text in args.set))
-        run(job, resume=args.resume, log=lambda text: print(f"dsbuild: {text}", file=sys.stderr))
-    except DsbuildError as e:
-        from torch.distributed.elastic.multiprocessing.errors import get_error_handler
-
-        where = f"{e.source}: " if isinstance(e, ConfigError) and e.source else ""
-        problems = e.problems if isinstance(e, ConfigError) else [str(e)]
-        for problem in problems:
-            print(f"dsbuild: error: rank {rank}: {where}{problem}", file=sys.stderr)
-        get_error_handler().record_exception(e)  # torchrun's summary names this rank and the error
-        return 2
-    finally:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-""""Did you mean ...?" for misspelt names."""
+""" "Did you mean ...?" for misspelt names."""
 
 from __future__ import annotations
 

@@ -8,12 +8,17 @@ fails where it is set) and the converter (which knows, for instance, that
 
 ``None`` is "not set": DeepSpeed's default applies and nothing is written.
 ``AUTO`` is "fill from the run" and is written ``"auto"``.
+
+``coerce`` is the one reading policy: the builder, the converter (files),
+``Training`` and job files all turn what they are given into a field's value
+with it, then ``check_value`` says whether it fits.
 """
 
 from __future__ import annotations
 
 import enum
 import math
+import re
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
@@ -21,7 +26,18 @@ import attrs
 
 from ..errors import InvalidValueError, Problem
 
-__all__ = ["AUTO", "Auto", "Spec", "describe", "section_class"]
+__all__ = [
+    "AUTO",
+    "Auto",
+    "Spec",
+    "check_value",
+    "coerce",
+    "describe",
+    "key_of",
+    "plain_json",
+    "section_class",
+    "spec_of",
+]
 
 
 class _AutoType(enum.Enum):
@@ -137,18 +153,14 @@ def check_value(spec: Spec, value: object) -> str | None:
     elif kind == "str":
         if value == "auto" and spec.auto:
             # A file's "auto" is AUTO; the string itself would not survive a round trip.
-            return 'got the string \'auto\', expected a string (use AUTO for "auto")'
+            return "got the string 'auto', expected a string (use AUTO for \"auto\")"
         ok = isinstance(value, str)
     elif kind == "choice":
         ok = isinstance(value, str) and value in spec.choices
     elif kind == "strs":
         ok = isinstance(value, tuple) and all(isinstance(x, str) for x in value)
     elif kind == "pair":
-        ok = (
-            isinstance(value, tuple)
-            and len(value) == 2
-            and all(_is_finite_number(x) or x is AUTO for x in value)
-        )
+        ok = isinstance(value, tuple) and len(value) == 2 and all(_is_finite_number(x) or x is AUTO for x in value)
     elif kind == "section":
         ok = spec.section is not None and isinstance(value, spec.section)
     elif kind == "mapping":
@@ -166,6 +178,47 @@ def check_value(spec: Spec, value: object) -> str | None:
         ):
             return f"got {describe(value)}, expected {_expected(spec)}"
     return None
+
+
+_SCIENTIFIC = re.compile(r"[-+]?\d+(\.\d*)?[eE][-+]?\d+")
+"""``5e8``, ``1.0e+9``: how YAML (which reads them as text) and hand-written files give big numbers."""
+
+
+def _number_text(value: str) -> float | None:
+    return float(value) if _SCIENTIFIC.fullmatch(value.strip()) else None
+
+
+def coerce(spec: Spec, value: Any) -> Any:
+    """``value`` as field ``spec`` holds it: the one reading policy of the builder, files, ``Training`` and jobs.
+
+    ``"auto"`` is ``AUTO`` where the field allows it; an integral float (``5e8``, ``8.0``) or a
+    number in scientific notation given as text (``"5e8"``) is the integer an integer field needs;
+    lists become tuples for list and pair fields (``"auto"`` inside a pair too). Anything else is returned as given, for
+    ``check_value`` to judge.
+    """
+    if isinstance(value, str) and value == "auto":
+        # A string field without "auto" may hold the word itself (a job's dtype = "auto"); elsewhere it is AUTO,
+        # and check_value says where that is not allowed.
+        return value if not spec.auto and spec.kind in ("str", "choice") else AUTO
+    kind = spec.kind
+    if kind == "int":
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            number = _number_text(value)
+            return int(number) if number is not None and number.is_integer() else value
+    elif kind == "float":
+        if isinstance(value, str):
+            number = _number_text(value)
+            return number if number is not None else value
+    elif kind == "strs":
+        if isinstance(value, list):
+            return tuple(value)  # a module pattern "auto" is a name like any other
+    elif kind == "pair":
+        if isinstance(value, list):
+            items = [AUTO if isinstance(x, str) and x == "auto" else x for x in value]
+            return tuple(_number_text(x) or x if isinstance(x, str) else x for x in items)
+    return value
 
 
 def _validator(spec: Spec) -> Callable[[Any, attrs.Attribute[Any], Any], None]:
@@ -198,15 +251,21 @@ def _convert_mapping(value: Any) -> Any:
     return plain_json(value) if isinstance(value, Mapping) and _is_json(value) else value
 
 
+def _field(spec: Spec, alias: str | None = None) -> Any:
+    return attrs.field(default=None, alias=alias, **_field_options(spec))
+
+
 def _field_options(spec: Spec) -> dict[str, Any]:
     converter = (
         _convert_sequence if spec.kind in ("strs", "pair") else _convert_mapping if spec.kind == "mapping" else None
     )
-    return {"validator": _validator(spec), "converter": converter, "metadata": {"dsbuild": spec}}
-
-
-def _field(spec: Spec, alias: str | None = None) -> Any:
-    return attrs.field(default=None, alias=alias, **_field_options(spec))
+    # A free table is a dict (unhashable): it counts for equality, not for the hash (equal configs still hash equal).
+    return {
+        "validator": _validator(spec),
+        "converter": converter,
+        "metadata": {"dsbuild": spec},
+        "hash": False if spec.kind in ("mapping", "json") else None,
+    }
 
 
 def int_(*, ge: float | None = None, gt: float | None = None, le: float | None = None, auto: bool = True) -> Any:
@@ -288,21 +347,6 @@ else:
         """Make ``cls`` a config section: frozen, keyword-only attrs class with a short repr."""
         cls.__repr__ = short_repr
         return attrs.frozen(kw_only=True, repr=False)(cls)
-
-
-UNKNOWN_KEY_HINTS: dict[tuple[str, str], str] = {
-    ("AdamParams", "max_grad_norm"): "DeepSpeed's Adam takes no max_grad_norm; set gradient_clipping at the top level",
-    ("LionParams", "max_grad_norm"): "set gradient_clipping at the top level",
-    ("AdagradParams", "max_grad_norm"): "set gradient_clipping at the top level",
-    ("WarmupCosineLRParams", "warmup_min_lr"): "WarmupCosineLR takes ratios of the optimizer's lr: use warmup_min_ratio",
-    ("WarmupCosineLRParams", "warmup_max_lr"): "WarmupCosineLR warms up to the optimizer's lr: remove warmup_max_lr",
-    ("ZeroOptimization", "mics_shard_size"): "MiCS sharding was removed from DeepSpeed: remove this key",
-    ("ZeroOptimization", "mics_hierarchical_params_gather"): "MiCS sharding was removed from DeepSpeed: remove this key",
-    ("ZeroOptimization", "zeropp_loco_param"): "LoCo-Zero++ was removed from DeepSpeed: remove this key",
-    ("Config", "monitor_config"): "DeepSpeed ignores it: monitors are the top-level tensorboard, wandb, csv_monitor and comet sections",
-    ("Config", "comms_config"): "DeepSpeed ignores it: communication logging is the top-level comms_logger section",
-}
-"""What to do about a key a section does not take, where a suggestion by spelling would mislead."""
 
 
 def key_of(attribute: attrs.Attribute[Any]) -> str:

@@ -1,0 +1,91 @@
+"""The ``dsbuild`` command: the only package that reads argv, prints or sets an exit code.
+
+Exit codes: 0 success; 1 a well-formed config or job that fails validation; 2 bad
+usage or an input that cannot be used (missing file, invalid JSON, unknown
+preset...). Bad input never prints a traceback: every ``DsbuildError`` becomes
+one ``dsbuild: error: ...`` line per problem on stderr.
+
+Each command is an ``add_<name>(commands)`` function in one of the modules
+(``configs``, ``tools``, ``train``) that registers its parser and sets ``handler``;
+``COMMANDS`` lists them in ``--help`` order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import TypeAlias
+
+from ..errors import DsbuildError
+from ..version import VERSION
+from .common import Commands
+from .configs import add_explain, add_export, add_presets, add_show, add_validate
+from .output import error, report, show_logs
+from .tools import add_doctor, add_plan
+from .train import add_train
+
+__all__ = ["main"]
+
+Handler: TypeAlias = Callable[[argparse.Namespace], int]
+
+COMMANDS: list[Callable[[Commands], None]] = [
+    add_presets,
+    add_show,
+    add_export,
+    add_validate,
+    add_explain,
+    add_plan,
+    add_doctor,
+    add_train,
+]
+"""Subcommands in ``--help`` order."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``dsbuild`` command line; return the exit code."""
+    parser = _parser()
+    try:
+        args, extra = parser.parse_known_args(argv)
+        # `dsbuild validate a.json --world-size 8 b.json`: argparse stops taking files after an
+        # option; take the rest as files too when the command takes several.
+        if extra and isinstance(getattr(args, "configs", None), list) and not any(x.startswith("-") for x in extra):
+            args.configs.extend(extra)
+        elif extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    except SystemExit as e:
+        # argparse exits 2 on usage errors (after printing them) and 0 for --help / --version.
+        return e.code if isinstance(e.code, int) else 2
+    handler: Handler | None = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_usage(sys.stderr)
+        error("a command is required (see dsbuild --help)")
+        return 2
+    show_logs()
+    try:
+        return handler(args)
+    except DsbuildError as e:
+        report(e)
+        return 2
+    except BrokenPipeError:  # pragma: no cover - `dsbuild show x | head`
+        # Python would complain again when flushing stdout at exit; point it at /dev/null.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except OSError as e:
+        # Writing an output file: a missing directory, no permission, a full disk.
+        where = f"{e.filename}: " if e.filename else ""
+        error(f"{where}{e.strerror or e}")
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dsbuild",
+        description="Build, check and export DeepSpeed configs.",
+    )
+    parser.add_argument("--version", action="version", version=f"dsbuild {VERSION}")
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+    for add in COMMANDS:
+        add(commands)
+    return parser

@@ -1,0 +1,70 @@
+"""One rank of ``dsbuild train``: ``python -m dsbuild.cli.rank JOB [--set KEY=VALUE ...] [--resume]``.
+
+``dsbuild train`` starts it on every rank through torchrun (``dsbuild.launch``) for runs of several
+processes or nodes. Errors in the job are one line each, name the rank, and exit 2; torchrun's
+error summary names the rank too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..errors import ConfigError, DsbuildError
+from ..job import demo_job_path, load_job
+from ..overrides import parse_set
+from ..run import run
+from .output import show_logs
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m dsbuild.cli.rank",
+        description="One process of `dsbuild train` (started on every rank by torchrun).",
+    )
+    p.add_argument("job", nargs="?", type=Path, help="the job file (default: the built-in demo job)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a job value")
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in output_dir")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one rank: read the job, train it; errors in the job are one line each and exit 2."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    # record: an exception is written where torchrun's error summary finds it (which rank, and its traceback).
+    code = record(_main)(argv)
+    return int(code or 0)
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    args = _parser().parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    show_logs()
+    try:
+        job = load_job(args.job or demo_job_path(), dict(parse_set(text) for text in args.set))
+        run(job, resume=args.resume)
+    except DsbuildError as e:
+        from torch.distributed.elastic.multiprocessing.errors import get_error_handler
+
+        where = f"{e.source}: " if isinstance(e, ConfigError) and e.source else ""
+        problems = e.problems if isinstance(e, ConfigError) else [str(e)]
+        for problem in problems:
+            print(f"dsbuild: error: rank {rank}: {where}{problem}", file=sys.stderr)
+        get_error_handler().record_exception(e)  # torchrun's summary names this rank and the error
+        return 2
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

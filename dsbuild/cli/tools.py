@@ -1,0 +1,88 @@
+"""``dsbuild plan`` and ``dsbuild doctor``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from .common import Commands, load_ref, positive_int
+from .output import error, out
+
+__all__ = ["add_doctor", "add_plan"]
+
+
+def add_plan(commands: Commands) -> None:
+    p = commands.add_parser(
+        "plan",
+        help="which ZeRO stage and offload fit your GPUs",
+        description=(
+            "Model-state memory per GPU and per node for every ZeRO stage and offload choice (the figures of "
+            "DeepSpeed's own estimators; activations are not included), and the fastest choice that fits."
+        ),
+    )
+    size = p.add_mutually_exclusive_group(required=True)
+    size.add_argument("--params", metavar="N", help="parameter count, e.g. 7B, 1.5B, 350M")
+    size.add_argument("--model", metavar="PATH", help="an HF model directory or its config.json (counted, not loaded)")
+    p.add_argument(
+        "--largest-layer-params", metavar="N", help="parameters of the largest layer (default: from --model)"
+    )
+    p.add_argument("--gpus-per-node", type=positive_int, default=1, metavar="N")
+    p.add_argument("--nodes", type=positive_int, default=1, metavar="N")
+    p.add_argument("--gpu-memory", metavar="SIZE", help="memory per GPU, e.g. 80GiB")
+    p.add_argument("--cpu-memory", metavar="SIZE", help="CPU memory per node, e.g. 512GiB")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--emit", metavar="FILE", type=Path, help="write the recommended config as TOML (or JSON by suffix)")
+    p.set_defaults(handler=_plan)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from ..planner import format_plan_table, parse_count, plan, plan_to_json
+
+    result = plan(
+        params=parse_count(args.params) if args.params is not None else None,
+        model=args.model,
+        largest_layer_params=(
+            parse_count(args.largest_layer_params, "largest_layer_params") if args.largest_layer_params else None
+        ),
+        gpus_per_node=args.gpus_per_node,
+        nodes=args.nodes,
+        gpu_memory=args.gpu_memory,
+        cpu_memory=args.cpu_memory,
+    )
+    out(json.dumps(plan_to_json(result), indent=2) if args.json else format_plan_table(result))
+    if args.emit is not None:
+        if result.recommended is None:
+            error(f"nothing to write to {args.emit}: {result.reason}")
+            return 1
+        written = (
+            result.recommended.to_json(args.emit)
+            if args.emit.suffix == ".json"
+            else result.recommended.to_toml(args.emit)
+        )
+        if not args.json:
+            out(f"wrote {written}")
+    return 0
+
+
+def add_doctor(commands: Commands) -> None:
+    p = commands.add_parser(
+        "doctor",
+        help="versions, accelerator, and the ops a config needs",
+        description=(
+            "Report the versions of Python, torch, DeepSpeed, transformers, peft and accelerate, the accelerator "
+            "DeepSpeed will use, and whether the ops a config needs are built or can be compiled here. "
+            "Exit 1 when something the config needs is missing."
+        ),
+    )
+    p.add_argument("config", nargs="?", metavar="CONFIG_OR_JOB", help="a config file or preset to check against")
+    p.set_defaults(handler=_doctor)
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from ..doctor import render_report, report
+
+    config = load_ref(args.config) if args.config is not None else None
+    result = report(config)
+    out(render_report(result))
+    return 0 if result.ok else 1

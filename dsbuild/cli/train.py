@@ -1,0 +1,100 @@
+"""``dsbuild train``: check a job, then run it here (one process) or through torchrun (several, or nodes)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from .. import launch, run
+from ..errors import ConfigError
+from ..extras import require
+from ..job import demo_job_path, load_job
+from .common import Commands, job_sets, non_negative_int, positive_int
+from .output import error, out, plural, warning
+
+__all__ = ["add_train"]
+
+
+def add_train(commands: Commands) -> None:
+    p = commands.add_parser(
+        "train",
+        help="run a job file (without one: the built-in demo job)",
+        description=(
+            "Train the model of a job file with DeepSpeed: in this process for one process, through torchrun for "
+            "several processes or nodes. Without JOB, runs the built-in demo (a tiny Llama learning arithmetic, "
+            "about a minute on a CPU). Exit 0: trained; 1: the job's config fails validation, or a rank failed; "
+            "2: the job cannot be used."
+        ),
+    )
+    p.add_argument("job", nargs="?", metavar="JOB", help="a job file (default: the built-in demo job)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help='override a job value, in TOML syntax (training.max_steps=100, launch.device_mapping="0-3")',
+    )
+    p.add_argument("--nproc-per-node", type=positive_int, metavar="N", help="processes per node (default: the job's)")
+    p.add_argument("--nnodes", type=positive_int, metavar="N", help="nodes (default: the job's)")
+    p.add_argument("--node-rank", type=non_negative_int, metavar="R", help="this node's rank, with --nnodes")
+    p.add_argument("--master-addr", metavar="ADDR", help="the address of node 0, with --nnodes")
+    p.add_argument("--master-port", type=positive_int, metavar="PORT", help="a free port on node 0 (default 29500)")
+    p.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint in output_dir")
+    p.set_defaults(handler=_train)
+
+
+def _train(args: argparse.Namespace) -> int:
+    require("dsbuild train")  # before anything is read: a config-only install says which pip install trains
+    path = Path(args.job) if args.job is not None else demo_job_path()
+    job = load_job(path, job_sets(args.set))
+    nproc = args.nproc_per_node or job.launch.nproc_per_node
+    nnodes = args.nnodes or job.launch.nnodes
+    node_rank = args.node_rank or 0
+    if nnodes > 1 and (args.node_rank is None or args.master_addr is None):
+        error(f"{nnodes} nodes: give each node's launch --node-rank R and --master-addr of node 0 (and --master-port)")
+        return 2
+    if node_rank >= nnodes:
+        error(f"--node-rank {node_rank}: expected 0 to {nnodes - 1} for {nnodes} nodes")
+        return 2
+    if job.launch.device_mapping is not None and len(job.launch.device_mapping) != nproc * nnodes:
+        error(
+            f"{path}: launch.device_mapping lists {len(job.launch.device_mapping)} devices for "
+            f"{nnodes} node(s) x {nproc} process(es)"
+        )
+        return 2
+
+    found = job.validate(world_size=nproc * nnodes)
+    errors = [d for d in found if d.severity == "error"]
+    for d in found:
+        if d.severity == "warning":
+            warning(f"{path}: {d}")
+    if errors:
+        for d in errors:
+            error(f"{path}: {d}")
+        error(f"not started: {plural(len(errors), 'error')}")
+        return 1
+
+    try:
+        run.preflight(job)  # the model config, the tokenizer and the data, before any process starts
+    except ConfigError as e:
+        raise e if e.source else e.with_source(str(path)) from None
+    env = launch.device_env(job, node_rank, nnodes)
+    if nproc * nnodes == 1 and args.master_port is None:
+        os.environ.update(env)
+        run.run(job, resume=args.resume)
+    else:
+        nodes = launch.Nodes(nproc, nnodes, node_rank, args.master_addr, args.master_port)
+        run_args = [*(f"--set={text}" for text in args.set), *(["--resume"] if args.resume else [])]
+        code, report = launch.torchrun(job, path, nodes, run_args, env)
+        for line in report:
+            print(line if line.startswith(" ") else f"dsbuild: error: {line}", file=sys.stderr)
+        if code != 0:
+            return code
+    if node_rank == 0:
+        for line in run.summary_lines(job):
+            out(line)
+    else:
+        out(f"node {node_rank}: done; node 0 has the outputs in {job.output_dir}")
+    return 0

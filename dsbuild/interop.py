@@ -1,0 +1,141 @@
+"""Hand-offs to the other tools: a ds_config for the HF Trainer (``for_hf``) and an Accelerate config."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any, Final
+
+import attrs
+
+from .api import Config
+from .config.fields import key_of
+from .config.optim import Optimizer, optimizer_params_class, scheduler_params_class
+from .hf_table import FILLS
+from .training import Training
+
+__all__ = ["accelerate_config", "for_hf", "mixed_precision_of", "to_yaml", "zero_stage"]
+
+
+def _takes(section: Any, key: str) -> bool:
+    """Whether an optimizer / scheduler section takes ``key``: its typed params class has it, or its table sets it."""
+    if section is None:
+        return False
+    lookup = optimizer_params_class if isinstance(section, Optimizer) else scheduler_params_class
+    params_class = lookup(section.type)
+    if params_class is not None and key in {key_of(a) for a in attrs.fields(params_class)}:
+        return True
+    params = section.params
+    if isinstance(params, Mapping):
+        return key in params
+    return params is not None and getattr(params, key, None) is not None
+
+
+def for_hf(config: Config) -> Config:
+    """``config`` with every value the HF Trainer fills set to ``"auto"``: what ``TrainingArguments(deepspeed=...)`` expects.
+
+    Every row of the HF table (``hf_table.FILLS``) where it applies: the batch sizes, ``gradient_clipping``,
+    ``fp16.enabled`` and ``bf16.enabled`` always; the optimizer's and scheduler's params where the config has
+    an optimizer / scheduler taking them (without one, the Trainer creates its own from the training
+    arguments); the hidden-size buckets at stage 3 (``reduce_bucket_size`` at any stage where it is set).
+    """
+    d = config.to_dict()
+    stage = zero_stage(config)
+    for fill in FILLS:
+        section, key = fill.section, fill.key
+        if section in (("optimizer", "params"), ("scheduler", "params")):
+            owner = config.optimizer_config if section[0] == "optimizer" else config.scheduler
+            if not _takes(owner, key):
+                continue
+        elif section == ("zero_optimization",):
+            zero = d.get("zero_optimization")
+            if not isinstance(zero, dict) or (stage != 3 and (fill.stage3_only or key not in zero)):
+                continue
+        node = d
+        for part in section:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[key] = "auto"
+    return attrs.evolve(Config.from_dict(d), source=config.source)
+
+
+def accelerate_config(
+    ds_config_file: str,
+    *,
+    num_processes: int = 1,
+    num_machines: int = 1,
+    zero3_init: bool = False,
+    mixed_precision: str = "no",
+) -> dict[str, Any]:
+    """An Accelerate config (``accelerate launch --config_file``) that runs DeepSpeed from ``ds_config_file``."""
+    return {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": "DEEPSPEED",
+        "deepspeed_config": {"deepspeed_config_file": ds_config_file, "zero3_init_flag": zero3_init},
+        "machine_rank": 0,
+        "main_training_function": "main",
+        "mixed_precision": mixed_precision,
+        "num_machines": num_machines,
+        "num_processes": num_processes,
+        "rdzv_backend": "static",
+        "same_network": True,
+        "use_cpu": False,
+    }
+
+
+def to_yaml(data: Mapping[str, Any]) -> str:
+    """YAML text of a table of scalars and tables (PyYAML when installed, else written here)."""
+    try:
+        import yaml
+    except ImportError:
+        return "".join(_yaml_lines(data, 0))
+    text: str = yaml.safe_dump(dict(data), sort_keys=False, default_flow_style=False)
+    return text
+
+
+def _yaml_lines(data: Mapping[str, Any], indent: int) -> list[str]:
+    lines = []
+    pad = "  " * indent
+    for key, value in data.items():
+        if isinstance(value, Mapping):
+            lines.append(f"{pad}{key}:\n")
+            lines.extend(_yaml_lines(value, indent + 1))
+        else:
+            lines.append(f"{pad}{key}: {_yaml_scalar(value)}\n")
+    return lines
+
+
+def _yaml_scalar(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    text = str(value)
+    # Quote anything YAML would read as another type (a number, a boolean, null) or that holds punctuation.
+    plain = re.fullmatch(r"[A-Za-z0-9_./-]+", text) and text.lower() not in _YAML_WORDS
+    return text if plain and not re.fullmatch(r"[-+]?[\d.]+(e[-+]?\d+)?", text) else json.dumps(text)
+
+
+_YAML_WORDS: Final = frozenset({"true", "false", "null", "yes", "no", "on", "off", "y", "n", "~"})
+
+
+def mixed_precision_of(config: Config, training: Training | None = None) -> str:
+    """Accelerate's ``mixed_precision`` for a run: from the training arguments, else the config's explicit switches."""
+    if training is not None:
+        return "bf16" if training.bf16 else "fp16" if training.fp16 else "no"
+    for name, attr in (("bf16", "bf16_config"), ("fp16", "fp16_config")):
+        section = getattr(config, attr)
+        if section is not None and section.enabled is True:
+            return name
+    return "no"
+
+
+def zero_stage(config: Config) -> int:
+    """The config's ZeRO stage (0 when unset or ``"auto"``)."""
+    zero = config.zero_optimization
+    stage = zero.stage if zero is not None else None
+    return stage if isinstance(stage, int) else 0

@@ -1,0 +1,166 @@
+"""``Job``: a training run read from a job file and checked, and ``load_job``."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+
+from ..api import Config
+from ..errors import ConfigError, Problem
+from ..io import count_records
+from ..overrides import set_dotted
+from ..training import Training
+from ..validate import Diagnostic, validate
+from .reader import JobReader, read_job_dict
+from .spec import DataSpec, LaunchSpec, ModelSpec, StrategySpec
+
+__all__ = ["Job", "demo_job_path", "load_job"]
+
+_STAND_IN_HIDDEN: Final = 4096
+"""Hidden size used only to check a config when the model's is unknown before loading it (a hub id)."""
+
+
+_STAND_IN_STEPS: Final = 1000
+"""Step count used only to check a config when the data cannot be counted."""
+
+
+@attrs.frozen
+class Job:
+    """A training run: model, data, training arguments, DeepSpeed strategy and launch, all checked.
+
+    Build it with ``load_job(path)`` (or ``Job.from_dict``). ``config`` is the ds_config the
+    run uses before resolution; ``resolve()`` fills its ``"auto"`` values from the run.
+    """
+
+    model: ModelSpec
+    data: DataSpec
+    training: Training
+    """The run's training arguments: ``[training]``, completed from the config's explicit values and with ``output_dir`` set."""
+    strategy: StrategySpec
+    launch: LaunchSpec
+    config: Config
+    """The strategy config completed for the run (see the module docstring); ``"auto"`` where the run fills it."""
+    eval_steps: int | None = None
+    """Evaluate every this many optimizer steps (default: at every checkpoint, and at the end)."""
+    source: str | None = None
+    """The job file, or ``None`` for a job built from a table."""
+    description: str | None = None
+    """The file's one-line ``description``."""
+
+    @classmethod
+    def from_dict(
+        cls,
+        data: Mapping[str, Any],
+        *,
+        base_dir: str | Path | None = None,
+        source: str | None = None,
+        name: str = "job",
+    ) -> Job:
+        """A ``Job`` from a job table; relative paths are relative to ``base_dir`` (default: the current directory).
+
+        Raises one ``ConfigError`` listing every problem (``source`` names the file).
+        """
+        reader = JobReader(Path(base_dir) if base_dir is not None else Path.cwd(), source, name)
+        return cls(**reader.job(data))
+
+    @property
+    def output_dir(self) -> Path:
+        """Where the run writes (``training.output_dir``)."""
+        assert self.training.output_dir is not None  # set by the reader
+        return Path(self.training.output_dir)
+
+    def total_steps(self, world_size: int | None = None) -> int | None:
+        """Optimizer steps of the run: ``max_steps``, else the epochs over the records counted in the data file.
+
+        The count is that of the file's records; tokenizing may drop a few that do not fit
+        ``max_length``, so a run over epochs can be a step shorter. ``None`` when the file
+        cannot be counted.
+        """
+        if self.training.max_steps > 0:
+            return self.training.max_steps
+        records = count_records(self.data.path)
+        if records is None:
+            return None
+        world = world_size or self.launch.world_size
+        micro = self.training.per_device_train_batch_size
+        accum = self.training.gradient_accumulation_steps
+        # What Session.fit counts: a DistributedSampler pads each rank's share to ceil(n / world).
+        batches = math.ceil(math.ceil(records / world) / micro)
+        if self.config.dataloader_drop_last:
+            batches = math.ceil(records / world) // micro
+        per_epoch = max(batches // accum, 1)
+        return max(math.ceil(self.training.num_train_epochs * per_epoch), 1)
+
+    def _counted_steps(self, world_size: int | None) -> int | None:
+        """The step count to pass ``resolve``: none when ``max_steps`` says it (resolve reads it, and says so)."""
+        return None if self.training.max_steps > 0 else self.total_steps(world_size)
+
+    def resolve(
+        self, *, world_size: int | None = None, hidden_size: int | None = None, total_steps: int | None = None
+    ) -> Config:
+        """``config`` with every ``"auto"`` filled from the run (as ``Session`` will fill it).
+
+        The world size defaults to ``launch``'s, the hidden size to the model's when it
+        can be read without loading it, the step count to ``total_steps()``.
+        """
+        try:
+            return self.config.resolve(
+                world_size=world_size or self.launch.world_size,
+                training=self.training,
+                hidden_size=hidden_size or self.model.hidden_size,
+                total_steps=total_steps or self._counted_steps(world_size),
+            )
+        except ConfigError as e:
+            error = e.prefixed("strategy.config")
+            raise error.with_source(self.source) if self.source else error from None
+
+    def validate(self, *, world_size: int | None = None) -> list[Diagnostic]:
+        """Every problem of the run's config, errors first, paths under ``strategy.config.``.
+
+        The config is resolved against the training arguments and the world size, then checked
+        as ``Session`` checks it. Facts only the run knows (a hub model's hidden size, the
+        length of data that cannot be counted) are stood in for, so they are never reported.
+        """
+        world = world_size or self.launch.world_size
+        try:
+            resolved = self.config.resolve(
+                world_size=world,
+                training=self.training,
+                hidden_size=self.model.hidden_size or _STAND_IN_HIDDEN,
+                total_steps=None if self.training.max_steps > 0 else (self.total_steps(world) or _STAND_IN_STEPS),
+            )
+        except ConfigError as e:
+            return [Diagnostic(_config_path(p.path), "error", p.message, p.hint, rule="resolve") for p in e.problems]
+        return [attrs.evolve(d, path=_config_path(d.path)) for d in validate(resolved, world_size=world, resolved=True)]
+
+    def check(self, *, world_size: int | None = None) -> Job:
+        """Raise one ``ConfigError`` (``source``: the job file) listing every error of ``validate``; else ``self``."""
+        errors = [d for d in self.validate(world_size=world_size) if d.severity == "error"]
+        if errors:
+            raise ConfigError([Problem(d.path, d.message, d.hint) for d in errors], source=self.source)
+        return self
+
+
+def _config_path(path: str) -> str:
+    return f"strategy.config.{path}" if path else "strategy.config"
+
+
+def load_job(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Job:
+    """Read and check a job file; ``overrides`` maps dotted keys to values (``{"training.max_steps": 10}``).
+
+    Every problem is reported at once in one ``ConfigError`` naming the file.
+    """
+    path = Path(path)
+    data = read_job_dict(path)
+    for key, value in (overrides or {}).items():
+        set_dotted(data, key, value)
+    return Job.from_dict(data, base_dir=path.parent, source=str(path), name=path.stem)
+
+
+def demo_job_path() -> Path:
+    """The packaged demo job (``dsbuild train`` without a job file)."""
+    return Path(__file__).resolve().parent.parent / "demo" / "demo.toml"

@@ -1,0 +1,469 @@
+"""Reading a job file: every table checked, every problem collected under its ``section.key`` path."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from functools import cache
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+
+from ..api import Config
+from ..config import PASSTHROUGH_KEYS
+from ..config.fields import Spec, check_value, coerce, describe, key_of
+from ..errors import ConfigError, DsbuildError, Problem
+from ..io import SUFFIXES, merge, parser_for, read_dict, read_text, to_config
+from ..presets import preset_names, preset_path
+from ..resolve import model_hidden_size
+from ..suggest import did_you_mean
+from ..training import Training
+from .complete import complete
+from .devices import parse_device_mapping
+from .formats import FORMATS, TEMPLATES
+from .spec import (
+    ATTN_IMPLEMENTATIONS,
+    BYTE_TOKENIZER,
+    BYTE_VOCAB,
+    DTYPES,
+    JOB_TABLES,
+    STRATEGIES,
+    DataSpec,
+    LaunchSpec,
+    LoraSpec,
+    ModelSpec,
+    StrategySpec,
+)
+
+__all__ = ["JobReader", "is_job", "looks_like_job", "read_job_dict"]
+
+_HINTS: Final = {
+    "": {
+        "model_args": "[model]",
+        "training_args": "[training]",
+        "data_args": "[data]",
+        "strategy_args": "[strategy]",
+        "device_mapping": "launch.device_mapping",
+        "infer_batch_size": "launch.infer_batch_size",
+        "deepspeed": "strategy.config",
+    },
+    "model": {
+        "model_name_or_path": "name_or_path",
+        "pretrain": "name_or_path",
+        "model_type": "model.config.model_type",
+        "disable_gradient_checkpointing": "gradient_checkpointing (the opposite)",
+        "lora_rank": "model.lora.r",
+        "lora_alpha": "model.lora.alpha",
+        "lora_dropout": "model.lora.dropout",
+        "lora_target": "model.lora.target_modules",
+        "torch_dtype": "dtype",
+    },
+    "model.lora": {"lora_alpha": "alpha", "lora_dropout": "dropout", "lora_target": "target_modules"},
+    "data": {"file_name": "path", "train_path": "path", "validation_path": "eval_path", "max_seq_length": "max_length"},
+    "strategy": {"strategy_name": "name", "strategy_config": "config"},
+    "launch": {"nproc": "nproc_per_node", "num_nodes": "nnodes", "num_gpus_per_node": "gpus_per_node"},
+}
+"""Where a key of another spelling (ROLL's, HF's) goes: ``did you mean`` by meaning, not by letters."""
+
+
+def read_job_dict(path: str | Path) -> dict[str, Any]:
+    """The raw table of a job file (TOML; JSON or YAML by suffix); unreadable files raise ``ConfigError``."""
+    path = Path(path)
+    parse = parser_for(path, str(path))
+    return parse(read_text(path), path)
+
+
+def looks_like_job(data: Mapping[str, Any]) -> bool:
+    """Whether a file's table is a job (any of ``JOB_TABLES`` at the top) rather than a ds_config."""
+    return any(key in data for key in JOB_TABLES)
+
+
+def is_job(path: str | Path) -> bool:
+    """Whether ``path`` is a readable job file."""
+    try:
+        return looks_like_job(read_job_dict(path))
+    except DsbuildError:  # unreadable, or YAML without PyYAML
+        return False
+
+
+_BAD: Final[dict[str, Any]] = {}
+"""Stands for a section that is not a table (already reported): its contents are not checked."""
+
+
+class JobReader:
+    """Reads a job table into the fields of a ``Job``, collecting every problem (each under its ``section.key`` path)."""
+
+    def __init__(self, base_dir: Path, source: str | None, name: str) -> None:
+        self.base_dir = base_dir
+        self.source = source
+        self.name = name
+        self.problems: list[Problem] = []
+
+    # -- helpers
+
+    def problem(self, path: str, message: str, hint: str | None = None) -> None:
+        self.problems.append(Problem(path, message, hint))
+
+    def unknown_key(self, path: str, hint: str | None) -> None:
+        self.problems.append(Problem.unknown_key(path, hint))
+
+    def table(self, data: Mapping[str, Any], key: str, path: str) -> dict[str, Any]:
+        """The table at ``key`` (``{}`` when absent); one that is not a table is a problem, and ``BAD`` then."""
+        value = data.get(key)
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            self.problem(path, f"got {describe(value)}, expected a table")
+            return _BAD
+        return dict(value)
+
+    def unknown(self, table: Mapping[str, Any], known: Sequence[str], path: str) -> None:
+        hints = _HINTS.get(path, {})
+        for key in table:
+            if key in known:
+                continue
+            where = f"{path}.{key}" if path else str(key)
+            if key in hints:
+                self.unknown_key(where, f"did you mean {hints[key]}?")
+            elif not path and key in _ds_keys():
+                self.unknown_key(where, f"ds_config keys go under [strategy.overrides]: strategy.overrides.{key}")
+            else:
+                self.unknown_key(where, did_you_mean(str(key), known))
+
+    def value(self, table: Mapping[str, Any], key: str, path: str, spec: Spec, default: Any = None) -> Any:
+        if key not in table:
+            return default
+        value = coerce(spec, table[key])
+        message = check_value(spec, value)
+        if message is not None:
+            self.problem(f"{path}.{key}", message)
+            return default
+        return value
+
+    def file(self, value: str, path: str, *, what: str) -> Path | None:
+        candidate = (self.base_dir / Path(value).expanduser()).resolve()
+        if candidate.is_file():
+            return candidate
+        note = "is a directory" if candidate.is_dir() else "no such file"
+        self.problem(path, f"{note}: {str(candidate)!r}", f"{what}, relative to the job file")
+        return None
+
+    def local_or_hub(self, value: str) -> str:
+        """A local directory (made absolute) or a hub id (kept)."""
+        candidate = (self.base_dir / Path(value).expanduser()).resolve()
+        return str(candidate) if candidate.exists() else value
+
+    # -- the job
+
+    def job(self, data: Mapping[str, Any]) -> dict[str, Any]:
+        """The fields of a ``Job``; one ``ConfigError`` (``source``: the file) listing every problem."""
+        if not isinstance(data, Mapping):
+            raise ConfigError(Problem("", f"got {describe(data)}, expected a table"), source=self.source)
+        self.unknown(data, [*JOB_TABLES, "description"], "")
+        description = data.get("description")
+        if description is not None and not isinstance(description, str):
+            self.problem("description", f"got {describe(description)}, expected a string")
+            description = None
+        for key in ("model", "data", "training", "strategy"):
+            if key not in data:
+                self.problem(key, f"missing: a job needs a [{key}] table")
+        tables = {key: self.table(data, key, key) for key in JOB_TABLES}
+        model = self.model(tables["model"]) if tables["model"] is not _BAD else None
+        data_spec = self.data(tables["data"]) if tables["data"] is not _BAD else None
+        raw_training = dict(tables["training"])
+        eval_steps = self.value(raw_training, "eval_steps", "training", Spec("int", gt=0, auto=False))
+        raw_training.pop("eval_steps", None)
+        training = self.training(raw_training) if tables["training"] is not _BAD else None
+        strategy = self.strategy(tables["strategy"]) if tables["strategy"] is not _BAD else None
+        launch = self.launch(tables["launch"]) if tables["launch"] is not _BAD else None
+
+        config = training_done = None
+        if strategy is not None and training is not None:
+            try:
+                training_done, config = complete(strategy.config, training, explicit=set(raw_training), name=self.name)
+            except ConfigError as e:
+                self.problems.extend(e.problems)
+        if self.problems or None in (model, data_spec, training_done, strategy, launch, config):
+            raise ConfigError(self.problems, source=self.source)
+        return dict(
+            model=model,
+            data=data_spec,
+            training=training_done,
+            strategy=strategy,
+            launch=launch,
+            config=config,
+            eval_steps=eval_steps,
+            source=self.source,
+            description=description,
+        )
+
+    def model(self, t: dict[str, Any]) -> ModelSpec | None:
+        known = [
+            "name_or_path",
+            "config",
+            "tokenizer",
+            "dtype",
+            "attn_implementation",
+            "gradient_checkpointing",
+            "lora",
+        ]
+        self.unknown(t, known, "model")
+        before = len(self.problems)
+        name = self.value(t, "name_or_path", "model", Spec("str", auto=False))
+        config = self.table(t, "config", "model.config") if "config" in t else None
+        if name is not None and config is not None:
+            self.problem("model", "both name_or_path and [model.config] are set", "keep one")
+        elif name is None and config is None and "name_or_path" not in t:
+            self.problem(
+                "model.name_or_path",
+                "missing: give a model directory or hub id, or a [model.config] table with model_type",
+            )
+        if config is _BAD:
+            config = None  # reported; nothing inside it to check
+        elif config is not None:
+            model_type = config.get("model_type")
+            if not isinstance(model_type, str) or not model_type:
+                got = "missing" if model_type is None else f"got {describe(model_type)}, expected a string"
+                self.problem("model.config.model_type", got, 'e.g. model_type = "llama"')
+        tokenizer = self.value(t, "tokenizer", "model", Spec("str", auto=False))
+        if tokenizer is None and config is not None and name is None and "tokenizer" not in t:
+            self.problem(
+                "model.tokenizer",
+                "missing: a model built from [model.config] needs a tokenizer",
+                f'use "{BYTE_TOKENIZER}" for the built-in byte-level tokenizer, or a tokenizer directory / hub id',
+            )
+        if tokenizer == BYTE_TOKENIZER and config is not None:
+            vocab = config.get("vocab_size")
+            if isinstance(vocab, int) and vocab < BYTE_VOCAB:
+                self.problem(
+                    "model.config.vocab_size",
+                    f"got {vocab}, expected at least {BYTE_VOCAB} for the byte tokenizer",
+                    f"set vocab_size = {BYTE_VOCAB}",
+                )
+        if tokenizer is not None and tokenizer != BYTE_TOKENIZER:
+            tokenizer = self.local_or_hub(tokenizer)
+        dtype = self.value(t, "dtype", "model", Spec("choice", choices=DTYPES, auto=False))
+        attn = t.get("attn_implementation")
+        if attn == "fa2":  # ROLL's spelling
+            attn = "flash_attention_2"
+        if attn is not None and not (isinstance(attn, str) and (attn in ATTN_IMPLEMENTATIONS or "/" in attn)):
+            choices = ", ".join(map(repr, ATTN_IMPLEMENTATIONS))
+            self.problem(
+                "model.attn_implementation",
+                f"got {describe(attn)}, expected one of {choices} or a kernels hub id",
+                did_you_mean(attn, ATTN_IMPLEMENTATIONS) if isinstance(attn, str) else None,
+            )
+            attn = None
+        checkpointing = self.value(t, "gradient_checkpointing", "model", Spec("bool", auto=False), False)
+        lora = self.lora(self.table(t, "lora", "model.lora")) if "lora" in t else None
+        if len(self.problems) > before:
+            return None
+        name_or_path = self.local_or_hub(name) if name is not None else None
+        return ModelSpec(
+            name_or_path=name_or_path,
+            config=config,
+            tokenizer=tokenizer,
+            dtype=dtype,
+            attn_implementation=attn,
+            gradient_checkpointing=checkpointing,
+            lora=lora,
+            hidden_size=_hidden_size(config, name_or_path),
+        )
+
+    def lora(self, t: dict[str, Any]) -> LoraSpec | None:
+        known = ["r", "rank", "alpha", "dropout", "target_modules"]
+        self.unknown(t, known, "model.lora")
+        before = len(self.problems)
+        if "r" in t and "rank" in t:
+            self.problem("model.lora.rank", "both r and rank are set (the same thing)", "keep one")
+        rank_key = "rank" if "rank" in t and "r" not in t else "r"
+        r = self.value(t, rank_key, "model.lora", Spec("int", gt=0, auto=False), 8)
+        alpha = self.value(t, "alpha", "model.lora", Spec("float", gt=0, auto=False), 16)
+        dropout = self.value(t, "dropout", "model.lora", Spec("float", ge=0, auto=False), 0.0)
+        if isinstance(dropout, (int, float)) and dropout >= 1:
+            self.problem("model.lora.dropout", f"got {dropout!r}, expected a number >= 0 and < 1")
+        target = t.get("target_modules")
+        if isinstance(target, str) and target != "all-linear":
+            target = tuple(x.strip() for x in target.split(",") if x.strip())  # ROLL's "o_proj,q_proj"
+        elif isinstance(target, list):
+            target = tuple(target)
+        if target is not None and not (
+            target == "all-linear"
+            or (isinstance(target, tuple) and target and all(isinstance(x, str) and x for x in target))
+        ):
+            self.problem(
+                "model.lora.target_modules",
+                f'got {describe(t.get("target_modules"))}, expected a list of module names or "all-linear"',
+            )
+        if len(self.problems) > before:
+            return None
+        return LoraSpec(r=r, alpha=alpha, dropout=dropout, target_modules=target)
+
+    def data(self, t: dict[str, Any]) -> DataSpec | None:
+        known = ["path", "format", "max_length", "eval_path", "template", "text_field"]
+        self.unknown(t, known, "data")
+        before = len(self.problems)
+        if "path" not in t:
+            self.problem("data.path", "missing: the training records (a .jsonl or .json file)")
+        if "format" not in t:
+            self.problem("data.format", f"missing: one of {', '.join(map(repr, FORMATS))}")
+        raw_path = self.value(t, "path", "data", Spec("str", auto=False))
+        fmt = self.value(t, "format", "data", Spec("choice", choices=FORMATS, auto=False))
+        max_length = self.value(t, "max_length", "data", Spec("int", ge=2, auto=False), 512)
+        raw_eval = self.value(t, "eval_path", "data", Spec("str", auto=False))
+        template = self.value(t, "template", "data", Spec("choice", choices=tuple(TEMPLATES), auto=False), "alpaca")
+        text_field = self.value(t, "text_field", "data", Spec("str", auto=False), "text")
+        path = self.file(raw_path, "data.path", what="the training records") if raw_path is not None else None
+        eval_path = self.file(raw_eval, "data.eval_path", what="the evaluation records") if raw_eval else None
+        if len(self.problems) > before or path is None:
+            return None
+        return DataSpec(
+            path=path, format=fmt, max_length=max_length, eval_path=eval_path, template=template, text_field=text_field
+        )
+
+    def training(self, t: dict[str, Any]) -> Training | None:
+        try:
+            return Training.from_dict(t)
+        except ConfigError as e:
+            self.problems.extend(e.problems)
+            return None
+
+    def strategy(self, t: dict[str, Any]) -> StrategySpec | None:
+        self.unknown(t, ["name", "config", "overrides"], "strategy")
+        before = len(self.problems)
+        name = t.get("name", STRATEGIES[0])
+        if name not in STRATEGIES:
+            listing = ", ".join(map(repr, STRATEGIES))
+            self.problem(
+                "strategy.name",
+                f"got {describe(name)}, expected {listing} (the only strategy dsbuild runs)",
+                did_you_mean(name, STRATEGIES) if isinstance(name, str) else None,
+            )
+        overrides = self.table(t, "overrides", "strategy.overrides")
+        ref = t.get("config")
+        base: dict[str, Any] | None
+        if ref is None:
+            self.problem(
+                "strategy.config",
+                'missing: a preset name (e.g. "zero3"), a config file, or a table of ds_config keys',
+            )
+            base, label = None, ""
+        elif isinstance(ref, Mapping):
+            base, label = dict(ref), "inline table"
+        elif isinstance(ref, str) and ref:
+            base, label = self.config_file(ref)
+        else:
+            self.problem("strategy.config", f"got {describe(ref)}, expected a preset name, a file or a table")
+            base, label = None, ""
+        if base is None:
+            return None
+        merged = merge(base, overrides)
+        try:
+            config = to_config(
+                merged, source=self.source or "job", label=f"{label} in {self.source or 'job'}", cls=Config
+            )
+        except ConfigError as e:
+            for p in e.problems:
+                inside = _has_path(overrides, p.path)
+                self.problems.append(p.prefixed("strategy.overrides" if inside else "strategy.config"))
+            return None
+        if len(self.problems) > before:
+            return None
+        return StrategySpec(name=name, config=config, ref=label, overrides=overrides)
+
+    def config_file(self, ref: str) -> tuple[dict[str, Any] | None, str]:
+        """The ds_config dict a ``strategy.config`` string names: a file next to the job, or a preset."""
+        looks_like_path = "/" in ref or "\\" in ref or Path(ref).suffix.lower() in SUFFIXES
+        try:
+            if looks_like_path:
+                file = (self.base_dir / Path(ref).expanduser()).resolve()
+                data, _ = read_dict(file)
+                return data, f"file {ref}"
+            if ref not in preset_names() and (self.base_dir / ref).is_file():
+                data, _ = read_dict(self.base_dir / ref)
+                return data, f"file {ref}"
+            data, _ = read_dict(preset_path(ref))
+            return data, f"preset {ref}"
+        except ConfigError as e:
+            where = f"{e.source}: " if e.source else ""
+            for p in e.problems:
+                self.problem("strategy.config", f"{where}{p}")
+            return None, ""
+
+    def launch(self, t: dict[str, Any]) -> LaunchSpec | None:
+        known = ["nproc_per_node", "nnodes", "device_mapping", "gpus_per_node", "infer_batch_size"]
+        self.unknown(t, known, "launch")
+        before = len(self.problems)
+        positive = Spec("int", gt=0, auto=False)
+        nproc = self.value(t, "nproc_per_node", "launch", positive)
+        nnodes = self.value(t, "nnodes", "launch", positive, 1)
+        gpus = self.value(t, "gpus_per_node", "launch", positive)
+        infer = self.value(t, "infer_batch_size", "launch", positive)
+        mapping: tuple[int, ...] | None = None
+        if "device_mapping" in t:
+            try:
+                mapping = parse_device_mapping(t["device_mapping"])
+            except ConfigError as e:
+                self.problems.extend(p.prefixed("launch.device_mapping") for p in e.problems)
+        if len(self.problems) > before:
+            return None
+        if mapping is not None:
+            if nproc is None:
+                if len(mapping) % nnodes:
+                    self.problem(
+                        "launch.device_mapping",
+                        f"{len(mapping)} devices cannot be shared evenly by {nnodes} nodes",
+                        "list nproc_per_node x nnodes devices",
+                    )
+                    return None
+                nproc = len(mapping) // nnodes
+            elif len(mapping) != nproc * nnodes:
+                self.problem(
+                    "launch.device_mapping",
+                    f"{len(mapping)} devices for {nnodes} node(s) x {nproc} process(es) per node",
+                    "list one device per process, or leave nproc_per_node out",
+                )
+                return None
+        return LaunchSpec(
+            nproc_per_node=nproc or 1, nnodes=nnodes, device_mapping=mapping, gpus_per_node=gpus, infer_batch_size=infer
+        )
+
+
+def _hidden_size(config: Mapping[str, Any] | None, name_or_path: str | None) -> int | None:
+    """The model's hidden size when it can be read without loading anything: a config table or a local directory."""
+    table: Any = config
+    if table is None and name_or_path is not None:
+        file = Path(name_or_path) / "config.json"
+        if not file.is_file():
+            return None
+        try:
+            table = json.loads(read_text(file))
+        except (ConfigError, ValueError):
+            return None
+    if not isinstance(table, Mapping):
+        return None
+    found = model_hidden_size(table)
+    return found if isinstance(found, int) else None
+
+
+def _has_path(d: Mapping[str, Any], dotted: str) -> bool:
+    """Whether ``d`` sets the key at ``dotted`` (or a table above it)."""
+    node: Any = d
+    for part in re.split(r"\.|\[", dotted):
+        part = part.rstrip("]")
+        if not part:
+            continue
+        if not isinstance(node, Mapping):
+            return True  # a list item under a key the table sets
+        if part not in node:
+            return False
+        node = node[part]
+    return bool(dotted)
+
+
+@cache
+def _ds_keys() -> frozenset[str]:
+    """The top-level ds_config keys (for "this goes under [strategy.overrides]")."""
+    return frozenset({key_of(a) for a in attrs.fields(Config) if not a.name.startswith("_")} | set(PASSTHROUGH_KEYS))
