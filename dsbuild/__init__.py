@@ -21,12 +21,13 @@ from .errors import (
     UnknownKeyError,
     UnresolvedAutoError,
 )
-from .presets import presets
+from .presets import presets  # the function: it shadows the module of the same name
 from .version import VERSION
 
 if TYPE_CHECKING:
     from .job import Job, load_job
     from .planner import Plan, plan
+    from .presets import presets
     from .session import Session, SessionError, StepOutput
     from .training import Training
     from .validate import Diagnostic

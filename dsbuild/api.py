@@ -11,21 +11,20 @@ keeps ``import dsbuild`` + building a config a small fraction of ``import deepsp
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .config.builder import ConfigBase
-from .config.fields import section_class
 
 if TYPE_CHECKING:
-    from .resolve import Explanation
+    from pathlib import Path
+
+    from .explain import Explanation
     from .training import Training
     from .validate import Diagnostic
 
 __all__ = ["Config"]
 
 
-@section_class
 class Config(ConfigBase):
     """A DeepSpeed config (the ds_config dict), typed; ``None`` fields are unset and not written.
 
@@ -35,6 +34,8 @@ class Config(ConfigBase):
     ``fp16=``, ``bf16=``, ``optimizer=``). Every builder verb returns a new
     ``Config``; ``Config.zero(3)`` is ``Config().zero(3)``.
     """
+
+    __slots__ = ()  # frozen and slotted like every section (ConfigFields is the attrs class)
 
     # -- the ds_config dict --------------------------------------------------
 
@@ -137,6 +138,6 @@ class Config(ConfigBase):
 
     def explain(self) -> list[Explanation]:
         """Each key's value and where it came from (after ``resolve``)."""
-        from .resolve import explain
+        from .explain import explain
 
         return explain(self)

@@ -14,12 +14,10 @@ plain JSON types; ``AUTO`` is written ``"auto"``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 import attrs
-import cattrs
-from cattrs.gen import make_dict_unstructure_fn, override
 
 from .config import AUTO, NOT_KEYS, PASSTHROUGH_KEYS, ConfigBase, ConfigFields
 from .config.fields import Spec, check_value, coerce, describe, key_of
@@ -29,7 +27,7 @@ from .config.optim import Optimizer, Scheduler, optimizer_params_class, schedule
 from .config.zero import ZeroOptimization
 from .errors import ConfigError, InvalidValueError, Problem, error_of
 
-__all__ = ["REMOVED_KEYS", "RENAMED_KEYS", "converter", "from_dict", "to_dict"]
+__all__ = ["REMOVED_KEYS", "RENAMED_KEYS", "from_dict", "to_dict"]  # and converter, made on first use
 
 C = TypeVar("C", bound=ConfigBase)
 
@@ -265,78 +263,59 @@ def from_dict(data: Mapping[str, Any], *, strict: bool = True, cls: type[C] = Co
 
 # -- writing -------------------------------------------------------------------
 
-converter = cattrs.Converter()
-"""The cattrs converter: ``converter.unstructure(config)`` is the ds_config dict; ``structure(d, Config)`` reads one."""
-
 
 def _plain(value: Any) -> Any:
+    """A value as JSON holds it: ``AUTO`` as ``"auto"``, tuples as lists, sections as tables, exact scalar types."""
     if value is AUTO:
         return "auto"
+    if attrs.has(type(value)):
+        return _section(value)
     if isinstance(value, (tuple, list)):
         return [_plain(x) for x in value]
     if isinstance(value, Mapping):
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, float) and not math.isfinite(value):
         raise InvalidValueError(Problem("", f"{value} is not a JSON number"))
-    return value
-
-
-def _scalar(value: Any) -> Any:
-    """An int, float, bool or string field's value, as exactly that JSON type (``AUTO`` as ``"auto"``)."""
-    kind = type(value)
-    if kind is int or kind is float or kind is str or kind is bool:
-        return value
-    if value is AUTO:
-        return "auto"
-    for base in (bool, int, float, str):  # a subclass given in Python, e.g. an IntEnum
+    for base in (bool, int, float, str):  # a subclass given in Python (an IntEnum) is written as the plain type
         if isinstance(value, base):
-            return base(value)
+            return value if type(value) is base else base(value)
     return value
 
 
-def _field_hook(spec: Spec | None) -> Callable[[Any], Any] | None:
-    """The unstructure hook of one field, chosen once per class (no dispatch on each value)."""
-    if spec is None:
-        return None
-    if spec.kind in ("int", "float", "bool", "str", "choice"):
-        return _scalar
-    if spec.kind == "section" and spec.section is not None:
-        section_hook: Callable[[Any], Any] = converter.get_unstructure_hook(spec.section)
-        return section_hook
-    return _plain
+_KEYS: dict[type, tuple[tuple[str, str], ...]] = {}
 
 
-def _unstructure_factory(cls: type) -> Callable[[Any], dict[str, Any]]:
-    overrides = {
-        a.name: override(rename=key_of(a), omit_if_default=True, unstruct_hook=_field_hook(a.metadata.get("dsbuild")))
-        for a in attrs.fields(cls)
-        if a.name not in NOT_KEYS
-    }
-    for skip in NOT_KEYS:
-        if skip in attrs.fields_dict(cls):
-            overrides[skip] = override(omit=True)
-    generated: Callable[[Any], dict[str, Any]] = make_dict_unstructure_fn(cls, converter, **overrides)  # type: ignore[arg-type]
-    if not issubclass(cls, ConfigFields):
-        return generated
-
-    def unstructure_config(config: ConfigFields) -> dict[str, Any]:
-        out = generated(config)
-        out.update(_plain(dict(config.extra)))
-        return out
-
-    return unstructure_config
+def _keys(cls: type) -> tuple[tuple[str, str], ...]:
+    """``(attribute name, ds key)`` of the fields of a section class that are ds keys (computed once per class)."""
+    if cls not in _KEYS:
+        _KEYS[cls] = tuple((a.name, key_of(a)) for a in attrs.fields(cls) if a.name not in NOT_KEYS)
+    return _KEYS[cls]
 
 
-converter.register_unstructure_hook_factory(attrs.has, _unstructure_factory)
-converter.register_unstructure_hook(type(AUTO), lambda _: "auto")
-converter.register_unstructure_hook(tuple, _plain)
-converter.register_unstructure_hook(dict, _plain)
-converter.register_structure_hook_func(
-    lambda t: isinstance(t, type) and issubclass(t, ConfigBase), lambda data, t: from_dict(data, cls=t)
-)
+def _section(obj: Any) -> dict[str, Any]:
+    """A section as a table: its set fields (``None`` is unset and not written), by their ds keys."""
+    return {key: _plain(value) for name, key in _keys(type(obj)) if (value := getattr(obj, name)) is not None}
 
 
 def to_dict(config: ConfigFields) -> dict[str, Any]:
     """The ds_config dict of ``config``: DeepSpeed's keys, only what is set, plain JSON types."""
-    out: dict[str, Any] = converter.unstructure(config)
+    out = _section(config)
+    if config.extra:  # the sections carried as written come last
+        out.update(_plain(dict(config.extra)))
     return out
+
+
+def __getattr__(name: str) -> Any:
+    """``converter``: a cattrs ``Converter`` whose ``unstructure`` is ``to_dict`` and ``structure(d, Config)`` is
+    ``Config.from_dict`` (made on first use: building a config never imports cattrs)."""
+    if name != "converter":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import cattrs
+
+    converter = cattrs.Converter()
+    converter.register_unstructure_hook_func(lambda t: isinstance(t, type) and issubclass(t, ConfigFields), to_dict)
+    converter.register_structure_hook_func(
+        lambda t: isinstance(t, type) and issubclass(t, ConfigBase), lambda data, t: from_dict(data, cls=t)
+    )
+    globals()["converter"] = converter
+    return converter

@@ -10,10 +10,8 @@ config file (``Config.preset(name)``).
 from __future__ import annotations
 
 import functools
-import importlib.resources
 from pathlib import Path
 
-from .compat import tomllib
 from .errors import ConfigError, PresetNotFoundError, Problem
 from .suggest import did_you_mean
 
@@ -25,6 +23,8 @@ PRESET_SUFFIX = ".toml"
 @functools.cache
 def presets_dir() -> Path | None:
     """The directory holding the preset files, or ``None`` when neither location has one."""
+    import importlib.resources  # when presets are first needed: `import dsbuild` stays light
+
     packaged = importlib.resources.files("dsbuild") / "presets"
     # Only a real directory will do: the readers take paths (a zipped install is not supported).
     if isinstance(packaged, Path) and packaged.is_dir():
@@ -65,6 +65,8 @@ def preset_path(name: str) -> Path:
 def _description(name: str) -> str:
     """A preset's ``description``, read without following ``extends`` or converting."""
     path = preset_path(name)
+    from .compat import tomllib
+
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:

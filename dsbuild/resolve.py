@@ -38,7 +38,6 @@ transformers or peft. ``training`` and ``model`` are read by attribute name.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any, Final, TypeVar
 
@@ -55,13 +54,7 @@ from .training import NoneValue, Training, training_from
 
 C = TypeVar("C", bound=ConfigBase)
 
-__all__ = [
-    "Explanation",
-    "explain",
-    "model_hidden_size",
-    "render_explanation",
-    "resolve",
-]
+__all__ = ["model_hidden_size", "resolve"]
 
 
 # -- the training arguments resolve reads ---------------------------------------
@@ -524,39 +517,3 @@ def resolve(
     resolved = res.result()
     assert isinstance(resolved, type(config))  # attrs.evolve keeps the class
     return resolved
-
-
-@attrs.frozen
-class Explanation:
-    """One key of a config: its value as written and where it came from."""
-
-    path: str
-    """Dotted key path, e.g. ``optimizer.params.lr``."""
-    value: Any
-    """The value as the ds_config holds it (``"auto"`` for ``AUTO``, lists for pairs)."""
-    origin: str
-    """``"set by the user"``, ``"preset zero3"``, ``"training argument learning_rate"``, ``"batch triangle: ..."``."""
-
-    def __str__(self) -> str:
-        return f"{self.path} = {json.dumps(self.value)}  ({self.origin})"
-
-
-def explain(config: ConfigBase) -> list[Explanation]:
-    """Every key ``to_dict`` writes, in its order, with where its value came from.
-
-    Keys ``resolve`` filled carry their recorded provenance; the others come from
-    ``config.source`` (``"preset zero3"``, ``"file ds.json"``) or were set by the user.
-    """
-    default = config.source or "set by the user"
-    provenance = config.provenance
-    return [Explanation(path, value, provenance.get(path, default)) for path, value in leaves(to_dict(config))]
-
-
-def render_explanation(explanations: list[Explanation]) -> str:
-    """Aligned lines ``path  value  origin``, one per key (what ``dsbuild explain`` prints)."""
-    rows = [(e.path, json.dumps(e.value), e.origin) for e in explanations]
-    if not rows:
-        return ""
-    path_width = max(len(r[0]) for r in rows)
-    value_width = max(len(r[1]) for r in rows)
-    return "\n".join(f"{p.ljust(path_width)}  {v.ljust(value_width)}  {o}" for p, v, o in rows)

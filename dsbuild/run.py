@@ -24,17 +24,17 @@ import functools
 import json
 import logging
 import math
-import os
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import attrs
 
 from .atomic import write_atomic
-from .errors import ConfigError, MissingDependencyError, Problem
+from .errors import ConfigError, Problem
 from .job import BYTE_TOKENIZER, Job, ModelSpec
+from .plot import plot_in_child
 from .suggest import did_you_mean
 
 logger = logging.getLogger("dsbuild")
@@ -46,7 +46,6 @@ __all__ = [
     "RunResult",
     "build_tokenizer",
     "model_source",
-    "plot_loss",
     "preflight",
     "prepare",
     "run",
@@ -275,10 +274,9 @@ def _run(job: Job, *, resume: bool) -> RunResult:
     history = _whole_history(job.output_dir / HISTORY, history, resumed_from)
     if main_process:
         write_atomic(job.output_dir / HISTORY, json.dumps(history, indent=1) + "\n")
-        try:
-            plot_loss(history, job.output_dir / LOSS_PLOT, title=_title(job))
-        except MissingDependencyError as e:
-            say(f"{LOSS_PLOT} not written: {e}")
+        why_not = plot_in_child(job.output_dir / HISTORY, job.output_dir / LOSS_PLOT, title=_title(job))
+        if why_not:
+            say(f"{LOSS_PLOT} not written: {why_not}")
     return RunResult(history=history, resumed_from=resumed_from, output_dir=job.output_dir)
 
 
@@ -299,37 +297,6 @@ def _title(job: Job) -> str:
     name = Path(job.source).stem if job.source else "job"
     world = distributed.world_size()
     return f"{name}: {job.strategy.ref}, {world} process{'es' if world > 1 else ''}"
-
-
-def plot_loss(history: Sequence[dict[str, Any]], path: Path, *, title: str = "") -> Path:
-    """Plot the training loss per optimizer step (and the evaluation loss) to ``path`` (PNG, no display needed)."""
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise MissingDependencyError("matplotlib", "plotting the loss", extra="train") from None
-
-    train = [(r["step"], r["loss"]) for r in history if r.get("loss") is not None]
-    evaluation = [(r["step"], r["eval_loss"]) for r in history if r.get("eval_loss") is not None]
-    # A Figure with its own Agg canvas: no pyplot, so no global backend is chosen for the caller.
-    figure = Figure(figsize=(7, 4), dpi=100)
-    FigureCanvasAgg(figure)
-    ax = figure.add_subplot()
-    if train:
-        ax.plot(*zip(*train, strict=True), linewidth=1, label="training loss")
-    if evaluation:
-        ax.plot(*zip(*evaluation, strict=True), marker="o", label="evaluation loss")
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("loss")
-    if title:
-        ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    figure.tight_layout()
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    figure.savefig(tmp)
-    os.replace(tmp, path)
-    return path
 
 
 # -- what to tell the user ----------------------------------------------------------------

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 
 
 def closest(name: str, choices: Iterable[str]) -> str | None:
     """The choice closest to ``name`` (case-insensitive), or ``None`` when nothing is close."""
+    import difflib  # only when a name is misspelt
+
     options = list(choices)
     lowered = {c.lower(): c for c in options}
     if name.lower() in lowered:

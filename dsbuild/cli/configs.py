@@ -7,9 +7,9 @@ from pathlib import Path
 
 from ..atomic import write_atomic
 from ..errors import DsbuildError
+from ..explain import explain, render_explanation
 from ..interop import accelerate_config, for_hf, mixed_precision_of, to_yaml, zero_stage
 from ..presets import presets
-from ..resolve import explain, render_explanation
 from ..validate import validate
 from .common import (
     CONSUMERS,

@@ -7,13 +7,12 @@ path. Verbs work on the class too: ``Config.zero(3)`` is ``Config().zero(3)``.
 
 from __future__ import annotations
 
+import os
 import types
 from collections.abc import Callable, Mapping
-from pathlib import Path
-from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 import attrs
-from typing_extensions import Self
 
 from ..errors import InvalidValueError, Problem, error_of
 from . import fields as f
@@ -32,6 +31,9 @@ from .optim import (
 )
 from .precision import BF16, FP16
 from .zero import OffloadOptimizer, OffloadParam, ZeroOptimization
+
+if TYPE_CHECKING:  # annotations only: building a config imports neither
+    from typing_extensions import Self
 
 __all__ = ["ConfigBase"]
 
@@ -144,9 +146,14 @@ _SCHEDULER_ALIASES = {
 }
 
 
-@f.section_class
 class ConfigBase(ConfigFields):
-    """A ds_config's fields and its fluent builder (``dsbuild.Config`` adds reading, writing, checking, resolving)."""
+    """A ds_config's fields and its fluent builder (``dsbuild.Config`` adds reading, writing, checking, resolving).
+
+    A plain subclass: the fields, ``__init__``, equality and hashing are ``ConfigFields``'s (attrs writes them
+    once); a config is only ever equal to one of its own class.
+    """
+
+    __slots__ = ()
 
     # -- builder verbs -------------------------------------------------------
 
@@ -180,7 +187,7 @@ class ConfigBase(ConfigFields):
         max_in_cpu: int | None = None,
     ) -> Self:
         """Offload optimizer states and parameters to NVMe under ``path`` (ZeRO-Infinity, stage 3)."""
-        if not isinstance(path, (str, Path)) or not str(path):
+        if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
             raise InvalidValueError(
                 Problem(
                     "zero_optimization.offload_optimizer.nvme_path",
@@ -195,7 +202,7 @@ class ConfigBase(ConfigFields):
                     "call .zero(3) first",
                 )
             )
-        common = {"nvme_path": str(path), "pin_memory": pin_memory}
+        common = {"nvme_path": os.fspath(path), "pin_memory": pin_memory}
         opt = _set(**common, buffer_count=buffer_count)
         par = _set(**common, buffer_size=buffer_size, max_in_cpu=max_in_cpu)
         return self._offload("nvme", optimizer, params, opt, par)

@@ -67,6 +67,9 @@ def init() -> None:
     """Create the process group once per process (DeepSpeed's accelerator picks the backend), or reuse it."""
     import deepspeed
 
+    from .cpu_features import install
+
+    install()  # DeepSpeed asks py-cpuinfo for every op it loads: once per machine is enough
     ensure_env()
     deepspeed.init_distributed(verbose=False)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -84,12 +85,10 @@ def merged_model(model: Any, sd: dict[str, torch.Tensor]) -> Any:
     return fresh.merge_and_unload()
 
 
-def _is_peft(model: Any) -> bool:
-    try:
-        from peft import PeftModel
-    except ImportError:
-        return False
-    return isinstance(model, PeftModel)
+def is_peft(model: Any) -> bool:
+    """Whether ``model`` is a peft model (without importing peft when nothing has: then it cannot be one)."""
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
 
 
 def save_hf(engine: Any, model: Any, path: str | Path, *, merge_lora: bool = False, tokenizer: Any = None) -> None:
@@ -102,7 +101,7 @@ def save_hf(engine: Any, model: Any, path: str | Path, *, merge_lora: bool = Fal
     from safetensors.torch import save_file
 
     path = Path(path)
-    peft = _is_peft(model)
+    peft = is_peft(model)
     sd = trainable_state_dict(engine) if peft and not merge_lora else full_state_dict(engine)
     if distributed.rank() == 0:
         assert sd is not None

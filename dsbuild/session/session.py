@@ -688,7 +688,7 @@ class Session:
             tag=tag,
             client_state={"dsbuild": state},
             save_latest=False,  # written below, once the checkpoint is complete
-            exclude_frozen_parameters=export._is_peft(self._model),  # LoRA: the frozen base is not training state
+            exclude_frozen_parameters=export.is_peft(self._model),  # LoRA: the frozen base is not training state
         )
         checkpoints.save_rng(save_dir, tag, self.rank)
         if self.is_main_process:
@@ -714,7 +714,7 @@ class Session:
         if tag is None:
             raise SessionError(f"no checkpoint to load in {load_dir}: it has no 'latest' file (pass tag=)")
         load_path, client_state = engine.load_checkpoint(
-            str(load_dir), tag=tag, load_module_strict=not export._is_peft(self._model)
+            str(load_dir), tag=tag, load_module_strict=not export.is_peft(self._model)
         )
         if load_path is None:
             raise SessionError(f"DeepSpeed could not load checkpoint {tag!r} from {load_dir}")

@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import tomllib
 
 import dsbuild
 from dsbuild import Config
 from dsbuild.cli import main
+from dsbuild.compat import tomllib
 from dsbuild.presets import preset_names
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from dsbuild import Config, load_job
-from dsbuild.session.distributed import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -21,6 +20,8 @@ EXAMPLES = ROOT / "examples"
 
 def example(name: str, *argv: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess[str]:
     """``python examples/NAME ARGV`` in a fresh process, with its own port for a one-process DeepSpeed world."""
+    from dsbuild.session.distributed import free_port  # imports torch: only the examples that run need it
+
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "MASTER_PORT": str(free_port())}
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR"):
         env.pop(key, None)
@@ -51,6 +52,7 @@ def test_build_config(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.slow
 def test_custom_loop(tmp_path: Path) -> None:
     """Your own loop on a Session: ZeRO-3 + LoRA, checkpoint, resume reproducing the losses, adapters reloaded."""
     done = example("custom_loop.py", "--steps", "4", "--out", str(tmp_path / "loop"), cwd=tmp_path)
@@ -58,6 +60,7 @@ def test_custom_loop(tmp_path: Path) -> None:
     assert "trained LoRA B matrices loaded with peft" in done.stdout
 
 
+@pytest.mark.slow
 def test_hf_trainer_with_an_exported_config(tmp_path: Path) -> None:
     """`dsbuild export zero3 --for hf` then a real Trainer.train() on it: ZeRO-3, bf16, every "auto" filled."""
     out = tmp_path / "hf"

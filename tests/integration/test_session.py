@@ -291,6 +291,7 @@ _BAD_CONFIG = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_bad_config_fails_before_any_process_group_exists() -> None:
     """A config DeepSpeed would reject raises ConfigError before a process group, a zero.Init or an engine."""
     code = _BAD_CONFIG.format(here=str(Path(__file__).parent))

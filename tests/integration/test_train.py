@@ -44,6 +44,7 @@ def train_records(history: list[dict[str, object]]) -> list[dict[str, object]]:
     return [h for h in history if h.get("loss") is not None]
 
 
+@pytest.mark.slow
 def test_demo_job_trains_writes_every_output_and_resumes(tmp_path: Path) -> None:
     """The built-in demo (shortened): the loss falls, every output is where the last lines say; a run
     that stopped after its step-3 checkpoint resumes and reproduces the uninterrupted steps 4-6."""

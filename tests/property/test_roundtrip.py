@@ -6,12 +6,12 @@ import json
 from typing import Any
 
 import tomli_w
-import tomllib
 from hypothesis import given
 from hypothesis import strategies as st
 from strategies import configs, ds_like_dicts, json_dicts, json_values, mutated_ds_dicts
 
 from dsbuild import Config, ConfigError
+from dsbuild.compat import tomllib
 from dsbuild.convert import to_dict
 
 from_dict = Config.from_dict

@@ -39,7 +39,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # 4: the HF fill table, the batch triangle, the training arguments
     ("dsbuild.hf_table", "dsbuild.batch", "dsbuild.training"),
     # 5: resolution and validation
-    ("dsbuild.resolve", "dsbuild.validate", "dsbuild.schema"),
+    ("dsbuild.resolve", "dsbuild.explain", "dsbuild.validate", "dsbuild.schema"),
     # 6: the Config façade
     ("dsbuild.api",),
     # 7: jobs, the hand-offs, the planner (its recommendation is a Config, so it sits above the façade)
@@ -47,7 +47,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # 8: what imports torch & co. (lazily): the Session, data, doctor
     ("dsbuild.session", "dsbuild.data", "dsbuild.doctor"),
     # 9: the training run and process launch (no printing)
-    ("dsbuild.run", "dsbuild.launch", "dsbuild.demo"),
+    ("dsbuild.run", "dsbuild.plot", "dsbuild.launch", "dsbuild.demo"),
     # 10: the command line and the package itself
     ("dsbuild.cli", "dsbuild.__main__", "dsbuild"),
 )

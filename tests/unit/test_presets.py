@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import tomllib
 
 import dsbuild
 from dsbuild import Config, ConfigError, PresetNotFoundError
+from dsbuild.compat import tomllib
 from dsbuild.presets import preset_names, preset_path, presets, presets_dir
 
 load_preset = Config.preset

@@ -20,7 +20,8 @@ from dsbuild import (
     UnresolvedAutoError,
 )
 from dsbuild.config.walk import auto_paths
-from dsbuild.resolve import Explanation, explain, model_hidden_size, render_explanation, resolve
+from dsbuild.explain import Explanation, explain, render_explanation
+from dsbuild.resolve import model_hidden_size, resolve
 from dsbuild.training import Training
 
 BATCH = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1}

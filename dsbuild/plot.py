@@ -1,0 +1,92 @@
+"""The loss plot of a run (``loss.png``): drawn from its history file, in a short-lived child process.
+
+The training process never imports matplotlib: the figure is drawn by ``python -c`` reading the history
+file the run wrote, so the plotting library's memory is never added to the run's peak.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .errors import MissingDependencyError
+
+__all__ = ["plot_file", "plot_in_child", "plot_loss", "read_history"]
+
+
+def read_history(path: Path) -> list[dict[str, Any]]:
+    """The records of a history file: a JSON list, or JSON Lines (one record per line)."""
+    text = path.read_text(encoding="utf-8")
+    if text.lstrip().startswith("["):
+        records = json.loads(text)
+    else:
+        records = [json.loads(line) for line in text.splitlines() if line.strip()]
+    return [r for r in records if isinstance(r, dict)]
+
+
+def plot_loss(history: Sequence[dict[str, Any]], path: Path, *, title: str = "") -> Path:
+    """Plot the training loss per optimizer step (and the evaluation loss) to ``path`` (PNG, no display needed)."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise MissingDependencyError("matplotlib", "plotting the loss", extra="train") from None
+
+    train = [(r["step"], r["loss"]) for r in history if r.get("loss") is not None]
+    evaluation = [(r["step"], r["eval_loss"]) for r in history if r.get("eval_loss") is not None]
+    # A Figure with its own Agg canvas: no pyplot, so no global backend is chosen for the caller.
+    figure = Figure(figsize=(7, 4), dpi=100)
+    FigureCanvasAgg(figure)
+    ax = figure.add_subplot()
+    if train:
+        ax.plot(*zip(*train, strict=True), linewidth=1, label="training loss")
+    if evaluation:
+        ax.plot(*zip(*evaluation, strict=True), marker="o", label="evaluation loss")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("loss")
+    if title:
+        ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    figure.tight_layout()
+    tmp = path.with_name(f".{path.stem}.tmp.png")
+    figure.savefig(tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def plot_file(history: Path, png: Path, title: str = "") -> Path:
+    """Plot the history file ``history`` to ``png``."""
+    return plot_loss(read_history(history), png, title=title)
+
+
+_CHILD = """
+import json, sys
+from pathlib import Path
+from dsbuild.plot import plot_file
+a = json.load(sys.stdin)
+try:
+    plot_file(Path(a["history"]), Path(a["png"]), a["title"])
+except Exception as e:  # one line back to the run: the plot is never worth failing it
+    sys.exit(f"{type(e).__name__}: {e}" if not str(e).startswith("plotting") else str(e))
+"""
+
+
+def plot_in_child(history: Path, png: Path, *, title: str = "") -> str | None:
+    """Draw ``png`` from ``history`` in a child process; ``None`` when written, else why not (one line)."""
+    request = json.dumps({"history": str(history), "png": str(png), "title": title})
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _CHILD], input=request, capture_output=True, text=True, timeout=300, check=False
+        )
+    except (OSError, subprocess.SubprocessError) as e:
+        return str(e)
+    if done.returncode == 0:
+        return None
+    lines = done.stderr.strip().splitlines()
+    return lines[-1] if lines else f"the plotting process exited with {done.returncode}"
