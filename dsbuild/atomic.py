@@ -15,8 +15,12 @@ from pathlib import Path
 __all__ = ["fsync_dir", "write_atomic"]
 
 
-def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> Path:
-    """Write ``data`` (text is UTF-8) to ``path`` atomically; an ``OSError`` names ``path``, never the temp file."""
+def write_atomic(path: str | os.PathLike[str], data: str | bytes, *, durable: bool = True) -> Path:
+    """Write ``data`` (text is UTF-8) to ``path`` atomically; an ``OSError`` names ``path``, never the temp file.
+
+    ``durable=False`` skips the flushes to disk (the rename stays atomic): for files whose contents are
+    verified when read, such as a checkpoint's manifest, where waiting for the disk buys nothing.
+    """
     path = Path(path)
     raw = data.encode("utf-8") if isinstance(data, str) else data
     while True:
@@ -34,14 +38,16 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> Path:
         with os.fdopen(fd, "wb") as f:
             f.write(raw)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as e:
         tmp.unlink(missing_ok=True)
         if isinstance(e, OSError):
             raise _about(e, path) from None
         raise
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
     return path
 
 

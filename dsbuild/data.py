@@ -155,7 +155,8 @@ class Tokenized:
     truncated: int = 0
     """Records cut at ``max_length``."""
     dropped: int = 0
-    """Instruction records left out: nothing of their response fit in ``max_length``."""
+    """Records left out because no token of theirs is trained on (an empty text; a response cut away by
+    ``max_length``)."""
 
 
 def _ids(tokenizer: Any, text: str) -> list[int]:
@@ -183,10 +184,11 @@ def tokenize(
         if len(ids) > max_length:
             truncated += 1
             ids, labels = ids[:max_length], labels[:max_length]
-            # A causal LM predicts token t from the tokens before it: a label at position 0 teaches nothing.
-            if all(label == IGNORE_INDEX for label in labels[1:]):
-                dropped += 1
-                continue
+        # A causal LM predicts token t from the tokens before it: a label at position 0 teaches nothing, and a
+        # batch of samples without any other would make the loss NaN (0 / 0).
+        if all(label == IGNORE_INDEX for label in labels[1:]):
+            dropped += 1
+            continue
         samples.append({"input_ids": ids, "labels": labels})
     return Tokenized(samples, truncated, dropped)
 

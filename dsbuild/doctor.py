@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 import attrs
 
+from .build_locks import extensions_root, stale_locks
 from .config import AUTO, ConfigFields
 from .versions import installed, version_tuple
 
@@ -122,6 +123,7 @@ def report(config: ConfigFields | None = None) -> DoctorReport:
         accelerator, check = _accelerator_check()
         checks.append(check)
     checks.append(_toolchain_check())
+    checks.append(_build_locks_check())
 
     if accelerator is not None:
         wanted = needed_ops(config) if config is not None else {"cpu_adam": "", "async_io": ""}
@@ -130,6 +132,20 @@ def report(config: ConfigFields | None = None) -> DoctorReport:
         if config is not None:
             checks.extend(_precision_checks(accelerator, config))
     return DoctorReport(tuple(checks), versions)
+
+
+def _build_locks_check() -> Check:
+    """Op builds killed mid-compile leave their lock: DeepSpeed then waits for it forever, silently."""
+    stale = stale_locks()
+    if not stale:
+        return Check("op build locks", "ok", f"none left over in {extensions_root()}")
+    paths = " ".join(str(p) for p in stale)
+    return Check(
+        "op build locks",
+        "fail",
+        f"left by a build that is no longer running: {paths}",
+        f"rm {paths} (DeepSpeed would wait for it forever)",
+    )
 
 
 # -- packages ---------------------------------------------------------------------

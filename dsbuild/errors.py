@@ -13,13 +13,17 @@ from typing import Literal
 import attrs
 
 __all__ = [
+    "CheckpointError",
     "ConfigError",
     "ConflictError",
     "DsbuildError",
     "InvalidValueError",
     "MissingDependencyError",
+    "NonFiniteLossError",
+    "OutputDirError",
     "PresetNotFoundError",
     "Problem",
+    "SessionError",
     "UnknownKeyError",
     "UnresolvedAutoError",
     "error_of",
@@ -111,6 +115,22 @@ class UnresolvedAutoError(ConfigError):
 
 class PresetNotFoundError(ConfigError, LookupError):
     """A preset name (or ``extends`` target) that does not exist."""
+
+
+class SessionError(DsbuildError, RuntimeError):
+    """A ``Session`` was used in a way it cannot work (no loss returned, no output directory to save to, ...)."""
+
+
+class CheckpointError(SessionError):
+    """A checkpoint cannot be saved or loaded as it is: the message names the file and what is still intact."""
+
+
+class NonFiniteLossError(SessionError):
+    """The loss became NaN or infinite: the run stopped at that step (the message gives the last good checkpoint)."""
+
+
+class OutputDirError(DsbuildError):
+    """A run's output folder cannot be used as asked: it holds an earlier run, or another run holds its lock."""
 
 
 class MissingDependencyError(DsbuildError, ImportError):

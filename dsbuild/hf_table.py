@@ -104,6 +104,15 @@ class Fill:
     job_default: bool = False
     """A job writes ``"auto"`` here when its config leaves the key out (in a section the job writes, for the
     optimizer's params; when the training arguments turn the precision on, for ``fp16``/``bf16``)."""
+    reads: tuple[str, ...] = ()
+    """The training arguments the formula reads (default: ``takes``); with dsbuild's ``Training``, an explicit
+    config value can disagree only with arguments the user set (``total_steps``: ``resolve``'s own argument)."""
+
+    @property
+    def arguments_read(self) -> tuple[str, ...]:
+        if self.reads:
+            return self.reads
+        return self.takes if isinstance(self.takes, tuple) else (self.takes,) if self.takes else ()
 
     @property
     def section(self) -> tuple[str, ...]:
@@ -214,6 +223,7 @@ FILLS: Final = (
         "train_batch_size",
         "world_size x per_device_train_batch_size x gradient_accumulation_steps",
         _train_batch_size,
+        reads=("per_device_train_batch_size", "gradient_accumulation_steps"),
     ),
     Fill("gradient_clipping", "max_grad_norm", _argument("max_grad_norm"), takes="max_grad_norm", job_default=True),
     Fill("optimizer.params.lr", "learning_rate", _argument("learning_rate"), takes="learning_rate", job_default=True),
@@ -234,8 +244,8 @@ FILLS: Final = (
     ),
     Fill("scheduler.params.warmup_min_lr", "0", _zero, must_match=False),
     Fill("scheduler.params.warmup_max_lr", "learning_rate", _argument("learning_rate"), takes="learning_rate"),
-    Fill("fp16.enabled", "fp16", _precision("fp16"), takes="fp16", job_default=True),
-    Fill("bf16.enabled", "bf16", _precision("bf16"), takes="bf16", job_default=True),
+    Fill("fp16.enabled", "fp16", _precision("fp16"), takes="fp16", job_default=True, reads=("fp16", "fp16_full_eval")),
+    Fill("bf16.enabled", "bf16", _precision("bf16"), takes="bf16", job_default=True, reads=("bf16", "bf16_full_eval")),
     # trainer_config_finalize
     Fill(
         "zero_optimization.reduce_bucket_size",
@@ -261,12 +271,14 @@ FILLS: Final = (
         "scheduler.params.total_num_steps",
         "the run's optimizer steps (total_steps / max_steps)",
         _total_num_steps,
+        reads=("max_steps", "total_steps"),
     ),
     Fill(
         "scheduler.params.warmup_num_steps",
         "warmup_steps or warmup_ratio",
         _warmup_num_steps,
         takes="warmup_steps",
+        reads=("warmup_steps", "warmup_ratio"),
     ),
 )
 """What the HF Trainer fills, in its order (``trainer_config_process`` then ``trainer_config_finalize``)."""

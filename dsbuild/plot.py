@@ -15,18 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from .errors import MissingDependencyError
+from .history import read
 
-__all__ = ["plot_file", "plot_in_child", "plot_loss", "read_history"]
-
-
-def read_history(path: Path) -> list[dict[str, Any]]:
-    """The records of a history file: a JSON list, or JSON Lines (one record per line)."""
-    text = path.read_text(encoding="utf-8")
-    if text.lstrip().startswith("["):
-        records = json.loads(text)
-    else:
-        records = [json.loads(line) for line in text.splitlines() if line.strip()]
-    return [r for r in records if isinstance(r, dict)]
+__all__ = ["plot_file", "plot_in_child", "plot_loss"]
 
 
 def plot_loss(history: Sequence[dict[str, Any]], path: Path, *, title: str = "") -> Path:
@@ -60,9 +51,9 @@ def plot_loss(history: Sequence[dict[str, Any]], path: Path, *, title: str = "")
     return path
 
 
-def plot_file(history: Path, png: Path, title: str = "") -> Path:
-    """Plot the history file ``history`` to ``png``."""
-    return plot_loss(read_history(history), png, title=title)
+def plot_file(history_file: Path, png: Path, title: str = "") -> Path:
+    """Plot the history file ``history_file`` to ``png``."""
+    return plot_loss(read(history_file), png, title=title)
 
 
 _CHILD = """

@@ -120,6 +120,15 @@ class _Run:
         self.total_steps: int | None = total_steps
         self._hidden: Fact | Need | None = None
 
+    def sets(self, fill: Fill) -> bool:
+        """Whether the user set an argument ``fill`` reads: only then may an explicit config value disagree."""
+        if self.training is None:
+            return False
+        return any(
+            self.total_steps is not None if name == "total_steps" else self.training.is_set(name)
+            for name in fill.arguments_read
+        )
+
     def hidden(self) -> Fact | Need:
         if self._hidden is None:
             self._hidden = self._find_hidden()
@@ -265,6 +274,9 @@ class _Resolution:
         self.needs: dict[str, Need] = {}
         self.conflicts: list[Problem] = []
         self.invalid: list[Problem] = []
+        self.notes: dict[str, str] = {}
+        """Provenance of explicit values kept over an unset training argument (not fills)."""
+        self.source = config.source or "set by the user"
 
     def node(self, parts: tuple[str, ...]) -> Any:
         """The section (or table) of the config at ``parts``; ``None`` when it is not there."""
@@ -311,8 +323,8 @@ class _Resolution:
                 obj = _new_section(self.node(section[:-1]), section[-1])
             changes[section[:-1]][section[-1]] = _replaced(obj, changes[section])
         top = changes.get((), {})
-        if self.origins:
-            top["provenance"] = {**self.config.provenance, **self.origins}
+        if self.origins or self.notes:
+            top["provenance"] = {**self.config.provenance, **self.notes, **self.origins}
         return attrs.evolve(self.config, **top) if top else self.config
 
 
@@ -344,7 +356,12 @@ def _apply_fills(res: _Resolution) -> None:
         elif fill.must_match:
             fact = fill.formula(res.run)
             if isinstance(fact, Fact) and not _same(value, fact.value):
-                res.conflict(fill.path, value, fact)
+                if res.run.sets(fill):
+                    res.conflict(fill.path, value, fact)
+                else:  # the argument keeps HF's default: the config's explicit value stands, and explain says why
+                    names = [n for n in fill.arguments_read if n != "total_steps"]
+                    unset = f"argument {names[0]} was" if len(names) == 1 else f"arguments {' and '.join(names)} were"
+                    res.notes[fill.path] = f"{res.source}; the training {unset} not set"
 
 
 def _fill_pair(res: _Resolution, fill: Fill, value: tuple[Any, ...] | list[Any]) -> None:
@@ -437,7 +454,7 @@ def _write_triangle(res: _Resolution, found: Triangle, was: dict[str, Any]) -> N
             fill = fill_of(item.key)
             assert fill is not None
             fact = fill.formula(res.run)
-            if isinstance(fact, Fact) and item.value != fact.value:
+            if isinstance(fact, Fact) and item.value != fact.value and res.run.sets(fill):
                 res.conflict(item.key, item.value, fact, derived="DeepSpeed's batch triangle")
 
 

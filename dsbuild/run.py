@@ -21,19 +21,21 @@ are imported by the functions that need them. What is worth telling goes to the
 from __future__ import annotations
 
 import functools
-import json
+import hashlib
 import logging
 import math
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
-from .atomic import write_atomic
+from . import history
 from .errors import ConfigError, Problem
+from .history import read as read_history
 from .job import BYTE_TOKENIZER, Job, ModelSpec
+from .manifest import candidates, fingerprint, read_latest, sha256_file
 from .plot import plot_in_child
 from .suggest import did_you_mean
 
@@ -52,8 +54,8 @@ __all__ = [
     "summary_lines",
 ]
 
-HISTORY = "history.json"
-"""Rank 0 writes the run's history here: one record per optimizer step, one per evaluation."""
+HISTORY = history.HISTORY
+"""Rank 0 appends the run's history here as it trains: one record per optimizer step, one per evaluation."""
 LOSS_PLOT = "loss.png"
 """The training (and evaluation) loss, plotted."""
 
@@ -128,39 +130,87 @@ def build_tokenizer(spec: ModelSpec) -> Any:
         raise ConfigError(Problem(path, f"cannot load a tokenizer from {where!r}: {e}".splitlines()[0])) from None
 
 
-def preflight(job: Job) -> None:
-    """What can be checked before any process starts: the model config, a local tokenizer, every data record."""
+@attrs.frozen
+class Datasets:
+    """A job's data, tokenized: training and evaluation samples, and what tokenizing cut or left out."""
+
+    train: list[dict[str, list[int]]]
+    evaluation: list[dict[str, list[int]]] | None
+    note: str
+
+
+def preflight(job: Job) -> Datasets | None:
+    """What can be checked before any process starts: the model config, every data record, and (with a tokenizer
+    at hand: the byte one or a local one) that the data has tokens to train on. The tokenized data, when made."""
     from .data import read_records
 
     model_source(job.model)
     if job.model.tokenizer == BYTE_TOKENIZER or (job.model.tokenizer and Path(job.model.tokenizer).exists()):
-        build_tokenizer(job.model)
+        return _datasets(job, build_tokenizer(job.model))
     for path in (job.data.path, job.data.eval_path):
         if path is not None:
             read_records(path, job.data.format, text_field=job.data.text_field)
+    return None
 
 
 # -- data -------------------------------------------------------------------------------
 
 
-def _datasets(job: Job, tokenizer: Any) -> tuple[list[dict[str, list[int]]], list[dict[str, list[int]]] | None, str]:
-    """Tokenized training and evaluation samples, and a note on what was cut (or ``""``)."""
+def _datasets(job: Job, tokenizer: Any) -> Datasets:
+    """Tokenized training and evaluation samples, and a note on what was cut or left out (or ``""``).
+
+    A file none of whose samples has a token to train on is refused here, before any training: a run on it
+    would only produce NaN losses.
+    """
     from .data import read_records, tokenize
 
-    def load(path: Path) -> Any:
-        records = read_records(path, job.data.format, text_field=job.data.text_field)
-        return tokenize(records, tokenizer, job.data.format, job.data.max_length, template=job.data.template)
+    notes = []
 
-    train = load(job.data.path)
-    evaluation = load(job.data.eval_path) if job.data.eval_path is not None else None
-    note = ""
-    if train.truncated:
-        note = f"{train.truncated} training samples cut at max_length {job.data.max_length}"
-        if train.dropped:
-            note += f", {train.dropped} of them dropped (no response token left)"
-    if not train.samples:
-        raise ConfigError(Problem("data.max_length", "no training sample is left: every response was cut away"))
-    return train.samples, (evaluation.samples if evaluation is not None else None), note
+    def load(path: Path, what: str) -> list[dict[str, list[int]]]:
+        records = read_records(path, job.data.format, text_field=job.data.text_field)
+        done = tokenize(records, tokenizer, job.data.format, job.data.max_length, template=job.data.template)
+        if done.truncated:
+            notes.append(f"{done.truncated} {what} samples cut at max_length {job.data.max_length}")
+        if done.dropped:
+            notes.append(f"{done.dropped} {what} samples left out: no token of theirs is trained on")
+        if not done.samples:
+            key = "data.path" if what == "training" else "data.eval_path"
+            raise ConfigError(
+                Problem(
+                    key,
+                    f"{path}: none of its {len(records)} samples has a token to train on",
+                    "check the text / output fields are not empty, and that max_length leaves room for the response",
+                )
+            )
+        return done.samples
+
+    train = load(job.data.path, "training")
+    evaluation = load(job.data.eval_path, "evaluation") if job.data.eval_path is not None else None
+    return Datasets(train, evaluation, "; ".join(notes))
+
+
+def data_fingerprint(job: Job) -> str:
+    """A digest of the job's data as training sees it: the files' contents and how they are read."""
+    parts: list[Any] = [job.data.format, job.data.max_length, job.data.template, job.data.text_field]
+    for path in (job.data.path, job.data.eval_path):
+        parts.append(_file_digest(path) if path is not None else None)
+    return fingerprint(*parts)
+
+
+_WHOLE: Final = 256 * 2**20
+"""Data files up to this size are hashed whole; larger ones by their size and samples of their bytes."""
+
+
+def _file_digest(path: Path) -> str:
+    size = path.stat().st_size
+    if size <= _WHOLE:
+        return sha256_file(path)
+    digest = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as f:
+        for offset in (0, size // 2, max(size - 2**22, 0)):  # head, middle, tail: 4 MiB each
+            f.seek(offset)
+            digest.update(f.read(2**22))
+    return digest.hexdigest()
 
 
 def _run_steps(job: Job, samples: int, world: int, pretrained: Any) -> int:
@@ -182,14 +232,26 @@ def _run_steps(job: Job, samples: int, world: int, pretrained: Any) -> int:
 # -- the run ------------------------------------------------------------------------------
 
 
-def run(job: Job, *, resume: bool = False) -> RunResult:
+def run(
+    job: Job,
+    *,
+    resume: bool = False,
+    resume_from: str | None = None,
+    terminate_on_nan: bool = True,
+    data: Datasets | None = None,
+) -> RunResult:
     """Train ``job`` in this process (one rank of the run); see the module docstring.
 
-    The few lines worth telling (what was resumed, what the data lost) go to the ``dsbuild`` logger, from rank 0.
+    ``resume``: continue from the newest checkpoint in ``output_dir`` that verifies (``resume_from``: that
+    tag). ``data``: the job's data already tokenized (by ``preflight``). The few lines worth telling (what
+    was resumed, what the data lost) go to the ``dsbuild`` logger, from rank 0. Guarding the output folder
+    is the launcher's (``dsbuild.output_dir``).
     """
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_QUIET, category=FutureWarning)
-        return _run(job, resume=resume)
+        return _run(
+            job, resume=resume or resume_from is not None, tag=resume_from, terminate_on_nan=terminate_on_nan, data=data
+        )
 
 
 @attrs.frozen
@@ -208,7 +270,7 @@ class Prepared:
     """What tokenizing cut, or ``""``."""
 
 
-def prepare(job: Job) -> Prepared:
+def prepare(job: Job, data: Datasets | None = None) -> Prepared:
     """The Session of ``job`` in this process (one rank), with the job's data tokenized for it.
 
     The model is built the job's way: from ``[model.config]`` or ``name_or_path``, inside
@@ -221,7 +283,8 @@ def prepare(job: Job) -> Prepared:
     source = model_source(job.model)
     pretrained = pretrained_config(source)
     tokenizer = build_tokenizer(job.model)
-    train, evaluation, note = _datasets(job, tokenizer)
+    datasets = data if data is not None else _datasets(job, tokenizer)
+    train, evaluation, note = datasets.train, datasets.evaluation, datasets.note
     total = _run_steps(job, len(train), distributed.world_size(), pretrained)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     session = Session.from_pretrained(
@@ -236,16 +299,18 @@ def prepare(job: Job) -> Prepared:
         output_dir=job.output_dir,
         total_steps=total,
         infer_batch_size=job.launch.infer_batch_size,
+        data_fingerprint=data_fingerprint(job),
     )
     collate_fn = functools.partial(collate, pad_token_id=pad or 0)
     return Prepared(session, train, evaluation, collate_fn, total, note)
 
 
-def _run(job: Job, *, resume: bool) -> RunResult:
-    from .session import checkpoints, distributed
+def _run(job: Job, *, resume: bool, tag: str | None, terminate_on_nan: bool, data: Datasets | None) -> RunResult:
+    from .session import distributed
 
-    ready = prepare(job)
+    ready = prepare(job, data)
     session = ready.session
+    session.terminate_on_nan = terminate_on_nan
     main_process = distributed.rank() == 0
     say = logger.info if main_process else (lambda _: None)
     if ready.note:
@@ -254,41 +319,32 @@ def _run(job: Job, *, resume: bool) -> RunResult:
     resumed_from = None
     save_dir = job.output_dir / "checkpoints"
     if resume:
-        latest = checkpoints.read_latest(save_dir)
-        if latest is None:
+        if tag is None and not candidates(save_dir):
             say(f"--resume: no checkpoint in {save_dir}; starting from step 0")
         else:
-            resumed_from = int(session.load_checkpoint()["global_step"])  # engine, data position, RNG
-            say(f"resumed from {save_dir / latest} at step {resumed_from}")
+            position = session.load_checkpoint(tag=tag)  # engine, data position, RNG; verified
+            resumed_from = position["global_step"]
+            say(f"resumed from {save_dir / position['tag']} at step {resumed_from}")
 
-    # Checkpoints every save_steps come from fit itself; evaluation every eval_steps (default: at each checkpoint).
+    # Checkpoints (every save_steps, and at the end) come from fit; evaluation every eval_steps (default: at each
+    # checkpoint, and at the end).
     save_steps = job.training.save_steps
     save_every = max(math.ceil(save_steps * ready.total_steps), 1) if save_steps < 1 else int(save_steps)
-    eval_every = (job.eval_steps or save_every) if ready.evaluation is not None else None
-    history = session.fit(ready.train, eval_data=ready.evaluation, eval_every=eval_every, collate_fn=ready.collate_fn)
+    if job.training.save_strategy != "steps":
+        save_every = 0
+    eval_every = (job.eval_steps or save_every or None) if ready.evaluation is not None else None
+    session.fit(ready.train, eval_data=ready.evaluation, eval_every=eval_every, collate_fn=ready.collate_fn)
     if ready.evaluation is not None and eval_every and session.global_step % eval_every:
-        # The end of the run is not an evaluation step: evaluate the final model too.
-        history.append({"step": session.global_step, **session.evaluate(ready.evaluation, collate_fn=ready.collate_fn)})
+        session.evaluate(ready.evaluation, collate_fn=ready.collate_fn)  # the final model too (in the history)
     session.save_model()  # HF format, or the LoRA adapters; collective
 
-    history = _whole_history(job.output_dir / HISTORY, history, resumed_from)
+    history_file = job.output_dir / HISTORY
     if main_process:
-        write_atomic(job.output_dir / HISTORY, json.dumps(history, indent=1) + "\n")
-        why_not = plot_in_child(job.output_dir / HISTORY, job.output_dir / LOSS_PLOT, title=_title(job))
+        why_not = plot_in_child(history_file, job.output_dir / LOSS_PLOT, title=_title(job))
         if why_not:
             say(f"{LOSS_PLOT} not written: {why_not}")
-    return RunResult(history=history, resumed_from=resumed_from, output_dir=job.output_dir)
-
-
-def _whole_history(path: Path, new: list[dict[str, Any]], resumed_from: int | None) -> list[dict[str, Any]]:
-    """A resumed run's history: the earlier run's records up to the checkpoint, then this run's."""
-    if resumed_from is None or not path.is_file():
-        return new
-    try:
-        old = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return new
-    return [r for r in old if isinstance(r, dict) and int(r.get("step", 0)) <= resumed_from] + new
+    records = read_history(history_file) if history_file.is_file() else []
+    return RunResult(history=records, resumed_from=resumed_from, output_dir=job.output_dir)
 
 
 def _title(job: Job) -> str:
@@ -306,12 +362,9 @@ def summary_lines(job: Job) -> list[str]:
     """The closing lines of ``dsbuild train``: how the loss went, and where each output is."""
     out = job.output_dir
     lines = []
-    try:
-        history = json.loads((out / HISTORY).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        history = []
-    train = [r for r in history if r.get("loss") is not None]
-    evaluation = [r for r in history if r.get("eval_loss") is not None]
+    records = read_history(out / HISTORY) if (out / HISTORY).is_file() else []
+    train = [r for r in records if r.get("loss") is not None]
+    evaluation = [r for r in records if r.get("eval_loss") is not None]
     if train:
         first, last = train[0], train[-1]
         text = f"loss {first['loss']:.3f} at step {first['step']} -> {last['loss']:.3f} at step {last['step']}"
@@ -321,16 +374,13 @@ def summary_lines(job: Job) -> list[str]:
         elif evaluation:
             text += f"; evaluation loss {evaluation[0]['eval_loss']:.3f} at step {evaluation[0]['step']}"
         lines.append(text)
-    try:
-        latest = (out / "checkpoints" / "latest").read_text(encoding="utf-8").strip()
-    except OSError:
-        latest = ""
+    latest = read_latest(out / "checkpoints") or ""
     model = "LoRA adapters" if job.model.lora is not None else "HF format"
     rows = [
         ("ds_config", out / "ds_config.json", "the resolved config the engine ran with"),
         ("checkpoints", out / "checkpoints", f"latest: {latest}" if latest else "none saved"),
         ("model", out / "model", model),
-        ("metrics", out / "logs", "DeepSpeed's CSV monitor; history.json"),
+        ("metrics", out / "logs", f"DeepSpeed's CSV monitor; {HISTORY}"),
         ("loss plot", out / LOSS_PLOT, ""),
     ]
     width = max(len(r[0]) for r in rows)

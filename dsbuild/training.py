@@ -53,6 +53,10 @@ def _arg(default: Any, spec: Spec, *, optional: bool = False) -> Any:
     return attrs.field(default=default, metadata={"training": (spec, optional)})
 
 
+def _names(value: Any) -> frozenset[str] | None:
+    return None if value is None else frozenset(value)
+
+
 def _path_text(value: str | os.PathLike[str] | None) -> str | None:
     return os.fspath(value) if isinstance(value, os.PathLike) else value
 
@@ -117,10 +121,16 @@ class Training:
     """Log every this many steps; below 1 a fraction of the run's steps; default 500."""
     save_steps: float = _arg(500, Spec("float", gt=0, auto=False))
     """Save a checkpoint every this many steps; below 1 a fraction of the run's steps; default 500."""
+    save_strategy: str = _arg("steps", Spec("choice", choices=("no", "steps", "epoch"), auto=False))
+    """When checkpoints are saved: ``"steps"`` (every ``save_steps``), ``"epoch"`` (at each epoch's end) or ``"no"``;
+    except with ``"no"``, a checkpoint is also saved at the end of training, as the HF Trainer does; default ``"steps"``."""
     save_total_limit: int | None = _arg(None, Spec("int", ge=0, auto=False), optional=True)
     """Keep at most this many checkpoints (older ones deleted); default none (keep all)."""
     save_on_each_node: bool = _arg(False, _BOOL)
     """Save on every node rather than the main one (fills ``checkpoint.use_node_local_storage``); default false."""
+    given: frozenset[str] | None = attrs.field(default=None, eq=False, repr=False, converter=_names)
+    """The arguments the user set (a job's ``[training]`` keys); only these can disagree with a config's explicit
+    values, an unset one takes the config's value. ``None``: those that differ from HF's defaults."""
 
     def __attrs_post_init__(self) -> None:
         problems = _training_problems(self)
@@ -143,7 +153,7 @@ class Training:
             else:
                 given[key] = coerce(names[key], value)
         try:
-            built = cls(**given)
+            built = cls(**given, given=frozenset(given))
         except InvalidValueError as error:
             raise error_of([*problems, *error.problems]) from None
         if problems:
@@ -170,18 +180,27 @@ class Training:
 
     def to_dict(self) -> dict[str, Any]:
         """Every argument by name (``None`` for the unset optional ones)."""
-        return attrs.asdict(self)
+        return {name: getattr(self, name) for name in _training_names()}
+
+    def is_set(self, name: str) -> bool:
+        """Whether the user set argument ``name`` (``given``; without it, whether it differs from HF's default)."""
+        if self.given is not None:
+            return name in self.given
+        default = attrs.fields_dict(Training)[name].default
+        return bool(getattr(self, name) != default)
 
 
 @cache
 def _training_names() -> dict[str, Spec]:
-    return {a.name: a.metadata["training"][0] for a in attrs.fields(Training)}
+    return {a.name: a.metadata["training"][0] for a in attrs.fields(Training) if "training" in a.metadata}
 
 
 def _training_problems(training: Training) -> list[Problem]:
     """Every problem of a ``Training``, in field order, then the ones between fields."""
     problems: list[Problem] = []
     for a in attrs.fields(Training):
+        if "training" not in a.metadata:
+            continue
         spec, optional = a.metadata["training"]
         value = getattr(training, a.name)
         if value is None and optional:
@@ -190,7 +209,7 @@ def _training_problems(training: Training) -> list[Problem]:
         if message is not None:
             problems.append(Problem(f"training.{a.name}", message))
     bad = {p.path for p in problems}
-    ok = {a.name: getattr(training, a.name) for a in attrs.fields(Training) if f"training.{a.name}" not in bad}
+    ok = {name: getattr(training, name) for name in _training_names() if f"training.{name}" not in bad}
     return problems + _relations(ok)
 
 
@@ -207,6 +226,8 @@ def _relations(ok: Mapping[str, Any]) -> list[Problem]:
                     f"training.{name}", f"got {ok[name]!r}, expected a whole number above 1 (or a fraction below 1)"
                 )
             )
+    if ok.get("output_dir") == "":
+        problems.append(Problem("training.output_dir", "empty: it names no folder", "leave it out for out/<job name>"))
     for a, b in (("fp16", "bf16"), ("fp16_full_eval", "bf16_full_eval")):
         if ok.get(a) is True and ok.get(b) is True:
             problems.append(Problem(f"training.{b}", f"true together with {a}; at most one of {a} and {b} can be true"))
@@ -219,11 +240,14 @@ def _plain_arg(value: Any) -> Any:
 
 
 def training_from(args: Any, names: Mapping[str, Any]) -> Training:
-    """A ``Training`` of the attributes ``names`` that ``args`` has (the others keep their defaults)."""
+    """A ``Training`` of the attributes ``names`` that ``args`` has (the others keep their defaults).
+
+    Every attribute ``args`` has counts as set, as the HF Trainer counts a ``TrainingArguments``' values.
+    """
     missing = object()
     given = {}
     for name in names:
         value = getattr(args, name, missing)
         if value is not missing:
             given[name] = _plain_arg(value)
-    return Training(**given)
+    return Training(**given, given=frozenset(given))

@@ -18,12 +18,12 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TypeAlias
 
-from ..errors import DsbuildError
+from ..errors import DsbuildError, NonFiniteLossError
 from ..version import VERSION
 from .common import Commands
 from .configs import add_explain, add_export, add_presets, add_show, add_validate
 from .output import error, report, show_logs
-from .tools import add_doctor, add_plan
+from .tools import add_checkpoints, add_doctor, add_plan
 from .train import add_train
 
 __all__ = ["main"]
@@ -39,6 +39,7 @@ COMMANDS: list[Callable[[Commands], None]] = [
     add_plan,
     add_doctor,
     add_train,
+    add_checkpoints,
 ]
 """Subcommands in ``--help`` order."""
 
@@ -67,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handler(args)
     except DsbuildError as e:
         report(e)
-        return 2
+        return 1 if isinstance(e, NonFiniteLossError) else 2  # a run that failed; else unusable input
     except BrokenPipeError:  # pragma: no cover - `dsbuild show x | head`
         # Python would complain again when flushing stdout at exit; point it at /dev/null.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..errors import ConfigError, DsbuildError
+from ..errors import ConfigError, DsbuildError, NonFiniteLossError
 from ..job import demo_job_path, load_job
 from ..overrides import parse_set
 from ..run import run
@@ -29,7 +29,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("job", nargs="?", type=Path, help="the job file (default: the built-in demo job)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a job value")
-    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in output_dir")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint that verifies")
+    p.add_argument("--resume-from", metavar="TAG", help="continue from this checkpoint")
+    p.add_argument("--no-terminate-on-nan", action="store_true", help="train on past a NaN or infinite loss")
     return p
 
 
@@ -48,7 +50,7 @@ def _main(argv: Sequence[str] | None) -> int:
     show_logs()
     try:
         job = load_job(args.job or demo_job_path(), dict(parse_set(text) for text in args.set))
-        run(job, resume=args.resume)
+        run(job, resume=args.resume, resume_from=args.resume_from, terminate_on_nan=not args.no_terminate_on_nan)
     except DsbuildError as e:
         from torch.distributed.elastic.multiprocessing.errors import get_error_handler
 
@@ -57,7 +59,7 @@ def _main(argv: Sequence[str] | None) -> int:
         for problem in problems:
             print(f"dsbuild: error: rank {rank}: {where}{problem}", file=sys.stderr)
         get_error_handler().record_exception(e)  # torchrun's summary names this rank and the error
-        return 2
+        return 1 if isinstance(e, NonFiniteLossError) else 2
     finally:
         import torch.distributed as dist
 

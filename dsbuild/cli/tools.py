@@ -6,10 +6,57 @@ import argparse
 import json
 from pathlib import Path
 
-from .common import Commands, load_ref, positive_int
+from .. import manifest
+from .common import Commands, job_of, load_ref, positive_int
 from .output import error, out
 
-__all__ = ["add_doctor", "add_plan"]
+__all__ = ["add_checkpoints", "add_doctor", "add_plan"]
+
+
+def add_checkpoints(commands: Commands) -> None:
+    p = commands.add_parser(
+        "checkpoints",
+        help="list a run's checkpoints and verify each against its manifest",
+        description=(
+            "List the checkpoints of a run (its output folder, its checkpoints folder, or its job file), newest "
+            "first, with step, time and size, and verify every file of each against its manifest (size and "
+            "SHA-256). Exit 0: every checkpoint verifies; 1: one does not; 2: no checkpoints there."
+        ),
+    )
+    p.add_argument(
+        "where", metavar="OUTPUT_DIR|JOB", help="a run's output folder (or its checkpoints folder, or its job)"
+    )
+    p.set_defaults(handler=_checkpoints)
+
+
+def _checkpoints(args: argparse.Namespace) -> int:
+    where = Path(args.where)
+    if where.is_file():
+        job = job_of(args.where, [])
+        if job is None:
+            error(f"{where}: not a job file; give a run's output folder")
+            return 2
+        where = job.output_dir
+    folder = where / "checkpoints" if (where / "checkpoints").is_dir() else where
+    found = manifest.list_checkpoints(folder)
+    if not found:
+        error(f"{folder}: no checkpoints")
+        return 2
+    rows = [("tag", "step", "saved", "size", "")]
+    for c in found:
+        status = "ok" if c.problem is None else f"DAMAGED: {c.problem}"
+        rows.append(
+            (c.tag + (" (latest)" if c.latest else ""), str(c.step or "-"), c.saved_at or "-", _size(c.size), status)
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    out(f"{folder}")
+    for r in rows:
+        out("  " + "  ".join(r[i].ljust(widths[i]) for i in range(4)) + "  " + r[4])
+    return 1 if any(c.problem for c in found) else 0
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
 
 def add_plan(commands: Commands) -> None:

@@ -3,18 +3,33 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
 
-from .. import launch, run
-from ..errors import ConfigError
+from .. import launch, output_dir, run
+from ..errors import ConfigError, OutputDirError
 from ..extras import require
 from ..job import demo_job_path, load_job
 from .common import Commands, job_sets, non_negative_int, positive_int
 from .output import error, out, plural, warning
 
 __all__ = ["add_train"]
+
+
+def _guard(folder: Path, *, resume: bool, overwrite: bool) -> None:
+    """Refuse to write over an earlier run without --resume or --overwrite; with --overwrite, move it aside."""
+    earlier = output_dir.earlier_run(folder)
+    if earlier is None or resume:
+        return
+    if not overwrite:
+        raise OutputDirError(
+            f"{folder} holds an earlier run ({earlier}); nothing was changed. Pass --resume to continue it, "
+            "--overwrite to start over (the earlier run is moved aside, not deleted), or set training.output_dir"
+        )
+    moved = output_dir.move_aside(folder)
+    out(f"moved the earlier run in {folder} to {moved} (delete it when you no longer need it)")
 
 
 def add_train(commands: Commands) -> None:
@@ -41,7 +56,21 @@ def add_train(commands: Commands) -> None:
     p.add_argument("--node-rank", type=non_negative_int, metavar="R", help="this node's rank, with --nnodes")
     p.add_argument("--master-addr", metavar="ADDR", help="the address of node 0, with --nnodes")
     p.add_argument("--master-port", type=positive_int, metavar="PORT", help="a free port on node 0 (default 29500)")
-    p.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint in output_dir")
+    again = p.add_mutually_exclusive_group()
+    again.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in output_dir from its newest checkpoint that verifies (a damaged one is skipped)",
+    )
+    again.add_argument("--resume-from", metavar="TAG", help="continue from this checkpoint (see dsbuild checkpoints)")
+    again.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start over in an output_dir that holds an earlier run: its files are moved aside first, not deleted",
+    )
+    p.add_argument(
+        "--no-terminate-on-nan", action="store_true", help="train on past a NaN or infinite loss (default: stop there)"
+    )
     p.set_defaults(handler=_train)
 
 
@@ -77,21 +106,35 @@ def _train(args: argparse.Namespace) -> int:
         return 1
 
     try:
-        run.preflight(job)  # the model config, the tokenizer and the data, before any process starts
+        data = run.preflight(job)  # the model config, the tokenizer and the data, before any process starts
     except ConfigError as e:
         raise e if e.source else e.with_source(str(path)) from None
-    env = launch.device_env(job, node_rank, nnodes)
-    if nproc * nnodes == 1 and args.master_port is None:
-        os.environ.update(env)
-        run.run(job, resume=args.resume)
-    else:
-        nodes = launch.Nodes(nproc, nnodes, node_rank, args.master_addr, args.master_port)
-        run_args = [*(f"--set={text}" for text in args.set), *(["--resume"] if args.resume else [])]
-        code, report = launch.torchrun(job, path, nodes, run_args, env)
-        for line in report:
-            print(line if line.startswith(" ") else f"dsbuild: error: {line}", file=sys.stderr)
-        if code != 0:
-            return code
+    resume = args.resume or args.resume_from is not None
+    # Node 0 owns the output folder: it holds the lock for the whole run and guards an earlier run's files.
+    with output_dir.lock(job.output_dir) if node_rank == 0 else contextlib.nullcontext():
+        if node_rank == 0:
+            _guard(job.output_dir, resume=resume, overwrite=args.overwrite)
+        env = launch.device_env(job, node_rank, nnodes)
+        if nproc * nnodes == 1 and args.master_port is None:
+            os.environ.update(env)
+            run.run(
+                job,
+                resume=args.resume,
+                resume_from=args.resume_from,
+                terminate_on_nan=not args.no_terminate_on_nan,
+                data=data,
+            )
+        else:
+            nodes = launch.Nodes(nproc, nnodes, node_rank, args.master_addr, args.master_port)
+            run_args = [f"--set={text}" for text in args.set]
+            run_args += ["--resume"] if args.resume else []
+            run_args += [f"--resume-from={args.resume_from}"] if args.resume_from else []
+            run_args += ["--no-terminate-on-nan"] if args.no_terminate_on_nan else []
+            code, report = launch.torchrun(job, path, nodes, run_args, env)
+            for line in report:
+                print(line if line.startswith(" ") else f"dsbuild: error: {line}", file=sys.stderr)
+            if code != 0:
+                return code
     if node_rank == 0:
         for line in run.summary_lines(job):
             out(line)

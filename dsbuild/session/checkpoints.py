@@ -1,132 +1,120 @@
-"""Checkpoint bookkeeping around DeepSpeed's own files: a crash-safe ``latest``, RNG states, keep-last-N."""
+"""Saving and resuming a Session's checkpoints: DeepSpeed's files, verified, with the run's facts (``dsbuild.manifest``).
+
+``save``: every process writes its files (DeepSpeed's, hashed as they are written; its own
+position and RNG states as JSON), then rank 0 writes the manifest and only then moves ``latest``.
+A failure (a full disk) removes the incomplete folder and names the last complete checkpoint.
+
+``load``: the newest checkpoint that verifies (or the one asked for), refused when the run's
+facts changed; DeepSpeed's files are read weights-only and checked as they are read, and every
+process takes the same decision about a damaged checkpoint.
+"""
 
 from __future__ import annotations
 
-import json
+import errno
+import logging
 import os
-import random
-import shutil
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
+from .. import manifest
+from ..errors import CheckpointError
+from . import distributed, weights_only
 
-__all__ = [
-    "LATEST",
-    "load_rng",
-    "prune",
-    "read_latest",
-    "rng_state",
-    "save_rng",
-    "set_rng_state",
-    "write_latest",
-    "write_marker",
-]
+__all__ = ["load", "save"]
 
-LATEST = "latest"
-"""DeepSpeed's pointer file: the tag ``load_checkpoint(path)`` loads when no tag is given."""
-MARKER = "dsbuild_state.json"
-"""Written by rank 0 in each tag dir: marks the checkpoint as ours (for pruning) and says how far it got."""
+logger = logging.getLogger("dsbuild")
 
 
-def _fsync_dir(path: Path) -> None:
+def save(
+    engine: Any,
+    save_dir: Path,
+    tag: str,
+    *,
+    position: dict[str, Any],
+    facts: manifest.RunFacts,
+    frozen_excluded: bool,
+    keep_last: int | None,
+) -> str:
+    """Collective: checkpoint ``tag`` of ``engine`` in ``save_dir``, with this process's ``position``; the tag."""
+    rank, main = distributed.rank(), distributed.rank() == 0
+    tag_dir = save_dir / tag
+    writer = weights_only.install(engine)
+    if main and (tag_dir / manifest.MANIFEST).exists():
+        (tag_dir / manifest.MANIFEST).unlink()  # being rewritten: incomplete until its new manifest
+    distributed.barrier()
+    writer.begin()
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # e.g. a platform where directories cannot be opened
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        engine.save_checkpoint(
+            str(save_dir),
+            tag=tag,
+            save_latest=False,  # written below, once the checkpoint is complete
+            exclude_frozen_parameters=frozen_excluded,  # LoRA: the frozen base is not training state
+        )
+        root = str(tag_dir.resolve())
+        files = {
+            Path(path).relative_to(root).as_posix(): list(entry)
+            for path, entry in writer.written.items()
+            if path.startswith(root + os.sep)
+        }
+        manifest.write_rank_state(tag_dir, rank, {**position, "rank": rank, "files": files})
+    except OSError as e:
+        raise _save_failed(save_dir, tag, e, main) from None
+    distributed.barrier()  # every rank's files are on disk
+    if main:
+        try:
+            manifest.write_manifest(
+                tag_dir, tag=tag, step=int(engine.global_steps), world_size=distributed.world_size(), facts=facts
+            )
+            manifest.write_latest(save_dir, tag)
+        except OSError as e:
+            raise _save_failed(save_dir, tag, e, main) from None
+        if keep_last:
+            manifest.prune(save_dir, keep_last)
+    distributed.barrier()
+    return tag
 
 
-def write_latest(save_dir: str | Path, tag: str) -> None:
-    """Point ``latest`` at ``tag`` atomically: a reader sees the old tag or the new one, never a torn file."""
-    save_dir = Path(save_dir)
-    tmp = save_dir / f".{LATEST}.tmp"
-    with open(tmp, "w") as f:
-        f.write(tag)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, save_dir / LATEST)
-    _fsync_dir(save_dir)
+def _save_failed(save_dir: Path, tag: str, error: OSError, main: bool) -> CheckpointError:
+    reason = "no space left on device" if error.errno == errno.ENOSPC else (error.strerror or str(error))
+    where = f" ({error.filename})" if error.filename else ""
+    removed = main and manifest.remove_failed(save_dir / tag)
+    last = manifest.last_complete(save_dir, but=tag)
+    intact = f"the last complete checkpoint is {save_dir / last}" if last else "no earlier checkpoint is complete"
+    partial = "its files were removed; " if removed else ""
+    return CheckpointError(f"saving checkpoint {tag} in {save_dir} failed: {reason}{where}; {partial}{intact}")
 
 
-def read_latest(save_dir: str | Path) -> str | None:
-    path = Path(save_dir) / LATEST
-    if not path.is_file():
-        return None
-    return path.read_text().strip() or None
+def load(
+    engine: Any, load_dir: Path, tag: str | None, *, facts: manifest.RunFacts, module_strict: bool
+) -> tuple[str, dict[str, Any], list[str]]:
+    """Collective: load a verified checkpoint into ``engine``: its tag, this process's saved position, what was skipped."""
+    writer = weights_only.install(engine)
+    position: dict[str, Any] = {}
 
+    def attempt(name: str, found: dict[str, Any]) -> None:
+        writer.expected = manifest.expected_files(load_dir / name, found)
+        problem = None
+        try:
+            loaded, _ = engine.load_checkpoint(str(load_dir), tag=name, load_module_strict=module_strict)
+            if loaded is None:
+                problem = f"{load_dir / name}: DeepSpeed could not load it"
+            else:
+                position.update(manifest.read_rank_state(load_dir / name, distributed.rank(), found))
+        except CheckpointError as e:
+            problem = str(e)
+        except (RuntimeError, OSError, ValueError, KeyError, AssertionError) as e:
+            said = str(e).splitlines()[0] if str(e) else type(e).__name__
+            problem = f"{load_dir / name}: DeepSpeed could not load it: {said}"
+        finally:
+            writer.expected = None
+        # Every rank takes the same decision: a file one rank found damaged fails the checkpoint for all.
+        if distributed.all_sum([1.0 if problem else 0.0], engine.device)[0]:
+            raise CheckpointError(problem or f"{load_dir / name}: damaged (found by another process)")
 
-def write_marker(save_dir: str | Path, tag: str, state: dict[str, Any]) -> None:
-    path = Path(save_dir) / tag / MARKER
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state, indent=1))
-    os.replace(tmp, path)
-
-
-def rng_state() -> dict[str, Any]:
-    """The RNG states of this process: python, numpy, torch and the accelerator's (when it is not the CPU)."""
-    from deepspeed.accelerator import get_accelerator
-
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-    }
-    accelerator = get_accelerator()
-    if accelerator.device_name() != "cpu":
-        state["accelerator"] = accelerator.get_rng_state()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    from deepspeed.accelerator import get_accelerator
-
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "accelerator" in state:
-        get_accelerator().set_rng_state(state["accelerator"])
-
-
-def _rng_path(save_dir: str | Path, tag: str, rank: int) -> Path:
-    return Path(save_dir) / tag / f"dsbuild_rng_{rank}.pt"
-
-
-def save_rng(save_dir: str | Path, tag: str, rank: int) -> None:
-    """Each process writes its own RNG states (DeepSpeed keeps ``client_state`` of rank 0 only)."""
-    torch.save(rng_state(), _rng_path(save_dir, tag, rank))
-
-
-def load_rng(save_dir: str | Path, tag: str, rank: int) -> bool:
-    """Restore this process's RNG states; False when the checkpoint has none for this rank (another world size)."""
-    path = _rng_path(save_dir, tag, rank)
-    if not path.is_file():
-        return False
-    set_rng_state(torch.load(path, weights_only=False))
-    return True
-
-
-def prune(save_dir: str | Path, keep: int) -> list[str]:
-    """Delete all but the ``keep`` newest dsbuild checkpoints (never the one ``latest`` names); return the deleted tags."""
-    save_dir = Path(save_dir)
-    latest = read_latest(save_dir)
-    found: list[tuple[int, float, str]] = []
-    for child in save_dir.iterdir():
-        marker = child / MARKER
-        if child.is_dir() and marker.is_file():
-            try:
-                step = int(json.loads(marker.read_text()).get("global_step", -1))
-            except (ValueError, OSError):
-                step = -1
-            found.append((step, marker.stat().st_mtime, child.name))
-    found.sort()
-    old = [tag for _, _, tag in found[: max(len(found) - keep, 0)] if tag != latest]
-    for tag in old:
-        shutil.rmtree(save_dir / tag, ignore_errors=True)
-    return old
+    name, _, skipped = manifest.pick(load_dir, tag, facts, attempt)
+    if skipped and distributed.rank() == 0:
+        for note in skipped:
+            logger.warning("skipped a damaged checkpoint: %s", note)
+        logger.warning("resuming from %s, the newest checkpoint that verifies", load_dir / name)
+    return name, position, skipped

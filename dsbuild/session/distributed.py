@@ -67,8 +67,17 @@ def init() -> None:
     """Create the process group once per process (DeepSpeed's accelerator picks the backend), or reuse it."""
     import deepspeed
 
+    from ..build_locks import stale_locks
+    from ..errors import SessionError
     from .cpu_features import install
 
+    stale = stale_locks(wait=5.0)
+    if stale:  # DeepSpeed would wait for them forever, silently
+        paths = " ".join(str(p) for p in stale)
+        raise SessionError(
+            f"a DeepSpeed op build was killed and left its lock behind: {paths}. DeepSpeed would wait for it forever; "
+            f"no build is running there, so remove it (rm {paths}) and start again"
+        )
     install()  # DeepSpeed asks py-cpuinfo for every op it loads: once per machine is enough
     ensure_env()
     deepspeed.init_distributed(verbose=False)

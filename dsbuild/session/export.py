@@ -1,4 +1,5 @@
-"""Consolidated 16-bit weights out of the engine, written in Hugging Face format (or peft adapters)."""
+"""The model out of the engine: consolidated 16-bit weights in Hugging Face format (or peft adapters), and what
+the model is (its fingerprints, for checkpoints)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from typing import Any
 
 import torch
 
+from ..manifest import fingerprint
 from . import distributed
 
-__all__ = ["full_state_dict", "save_hf", "trainable_state_dict"]
+__all__ = ["full_state_dict", "is_peft", "lora_fingerprint", "model_fingerprint", "save_hf", "trainable_state_dict"]
 
 
 def _partitioned(engine: Any) -> bool:
@@ -116,3 +118,26 @@ def save_hf(engine: Any, model: Any, path: str | Path, *, merge_lora: bool = Fal
         if tokenizer is not None:
             tokenizer.save_pretrained(path)
     distributed.barrier()
+
+
+def model_fingerprint(model: Any) -> str:
+    """A digest of the model's architecture: its HF config (without versions and runtime switches), else its
+    parameter names and shapes."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = getattr(base, "config", None)
+    if config is not None and hasattr(config, "to_dict"):
+        skip = {"transformers_version", "use_cache", "torch_dtype", "dtype", "architectures", "name_or_path"}
+        table = {k: v for k, v in config.to_dict().items() if k not in skip and not k.startswith("_")}
+        return fingerprint(table)
+    shapes = [(name, list(getattr(p, "ds_shape", p.shape))) for name, p in base.named_parameters()]
+    return fingerprint(shapes)
+
+
+def lora_fingerprint(model: Any) -> str | None:
+    """A digest of the active LoRA adapter's config, or ``None`` for a model without adapters."""
+    if not is_peft(model):
+        return None
+    adapter = model.active_adapter if isinstance(model.active_adapter, str) else model.active_adapter[0]
+    table = model.peft_config[adapter].to_dict()
+    skip = {"base_model_name_or_path", "revision", "inference_mode", "peft_version"}
+    return fingerprint({k: v for k, v in table.items() if k not in skip})

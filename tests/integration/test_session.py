@@ -30,8 +30,9 @@ from safetensors.torch import load_file  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, ByT5Tokenizer  # noqa: E402
 from transformers.integrations import is_deepspeed_zero3_enabled  # noqa: E402
 
-from dsbuild import Config  # noqa: E402
-from dsbuild.session import Session, checkpoints  # noqa: E402
+from dsbuild import Config, manifest  # noqa: E402
+from dsbuild.errors import CheckpointError  # noqa: E402
+from dsbuild.session import Session  # noqa: E402
 from dsbuild.training import Training  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -182,7 +183,7 @@ def test_resumed_run_reproduces_the_uninterrupted_losses(tmp_path: Path) -> None
     full = [(h["loss"], h["lr"]) for h in run(tmp_path / "a").fit(data)]
     first = run(tmp_path / "b")
     head = [(h["loss"], h["lr"]) for h in first.fit(data, max_steps=2, save_every=2)]
-    assert checkpoints.read_latest(tmp_path / "b" / "checkpoints") == "global_step2"
+    assert manifest.read_latest(tmp_path / "b" / "checkpoints") == "global_step2"
 
     resumed = run(tmp_path / "b")
     state = resumed.load_checkpoint()
@@ -199,7 +200,8 @@ def test_resumed_run_reproduces_the_uninterrupted_losses(tmp_path: Path) -> None
 def test_crash_while_saving_leaves_the_previous_checkpoint_loadable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`latest` moves only after a complete save; keep_last prunes old checkpoints."""
+    """`latest` moves only after a complete save; a failed save is removed and names the last complete one;
+    keep_last prunes old checkpoints."""
     cfg = Config.zero(2).adamw(lr=1e-2).batch(micro=2)
     s = Session.from_pretrained(tiny_llama(), cfg, keep_last=2)
     ckpt = tmp_path / "ckpt"
@@ -213,12 +215,14 @@ def test_crash_while_saving_leaves_the_previous_checkpoint_loadable(
         raise OSError("disk full")
 
     s.step(batch())
-    monkeypatch.setattr(checkpoints, "write_latest", crash)
-    with pytest.raises(OSError, match="disk full"):
+    monkeypatch.setattr(manifest, "write_latest", crash)
+    with pytest.raises(
+        CheckpointError, match=r"disk full.*files were removed.*last complete checkpoint is .*global_step3"
+    ):
         s.save_checkpoint(ckpt)
     monkeypatch.undo()
-    assert (ckpt / "global_step4").is_dir()  # DeepSpeed wrote its files ...
-    assert checkpoints.read_latest(ckpt) == "global_step3"  # ... but latest still names the complete one
+    assert not (ckpt / "global_step4").exists()  # the failed save is gone ...
+    assert manifest.read_latest(ckpt) == "global_step3"  # ... and latest still names the complete one
 
     again = Session.from_pretrained(tiny_llama(), cfg)
     assert again.load_checkpoint(ckpt)["global_step"] == 3
@@ -335,7 +339,7 @@ def test_two_processes_under_torchrun(tmp_path: Path) -> None:
     assert result["train_batch_size"] == 2 * 2 * 2  # micro x accumulation x world size
     assert json.loads((tmp_path / "ds_config.json").read_text())["train_batch_size"] == 8
     assert [h["step"] for h in result["history"] if "loss" in h] == [1, 2, 3]
-    assert (tmp_path / "checkpoints" / "global_step3" / "dsbuild_rng_1.pt").is_file()
+    assert (tmp_path / "checkpoints" / "global_step3" / "dsbuild_rank1.json").is_file()
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "model")
     assert hf_loss(model, batch()) > 0
     assert sorted(p.name for p in (tmp_path / "model").iterdir()) == [

@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("deepspeed")
 pytest.importorskip("transformers")
 
+from dsbuild.history import read as read_history
 from dsbuild.session.distributed import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,7 +54,7 @@ def test_demo_job_trains_writes_every_output_and_resumes(tmp_path: Path) -> None
     first = ok(dsbuild("train", *argv, cwd=tmp_path))
     assert "Traceback" not in first.stderr
 
-    history = json.loads((out / "history.json").read_text())
+    history = read_history(out / "history.jsonl")
     train = train_records(history)
     assert [h["step"] for h in train] == [1, 2, 3, 4, 5, 6]
     assert train[-1]["loss"] < train[0]["loss"] - 0.3  # visibly learning
@@ -65,7 +66,7 @@ def test_demo_job_trains_writes_every_output_and_resumes(tmp_path: Path) -> None
         f"ds_config    {out}/ds_config.json  (the resolved config the engine ran with)",
         f"checkpoints  {out}/checkpoints  (latest: global_step6)",
         f"model        {out}/model  (HF format)",
-        f"metrics      {out}/logs  (DeepSpeed's CSV monitor; history.json)",
+        f"metrics      {out}/logs  (DeepSpeed's CSV monitor; history.jsonl)",
         f"loss plot    {out}/loss.png",
     ]
     ds_config = json.loads((out / "ds_config.json").read_text())
@@ -82,7 +83,7 @@ def test_demo_job_trains_writes_every_output_and_resumes(tmp_path: Path) -> None
     (out / "checkpoints" / "latest").write_text("global_step3")
     second = ok(dsbuild("train", "--resume", *argv, cwd=tmp_path))
     assert f"resumed from {out}/checkpoints/global_step3 at step 3" in second.stderr
-    resumed = train_records(json.loads((out / "history.json").read_text()))
+    resumed = train_records(read_history(out / "history.jsonl"))
     assert [h["step"] for h in resumed] == [1, 2, 3, 4, 5, 6]
     assert resumed[:3] == train[:3]  # kept from the first run's history
     # Same data order, RNG and schedule: equal up to CPU Adam's float rounding after a resume (see test_session).
@@ -105,7 +106,7 @@ def test_two_processes_lora_zero3_job(tmp_path: Path) -> None:
     assert len(adapters) == 2 * 4 * 2  # layers x (q, k, v, o) x (A, B)
     assert all(t.numel() > 0 for t in adapters.values())
     assert all(t.abs().sum() > 0 for k, t in adapters.items() if "lora_B" in k)  # lora_B starts at zero
-    assert (out / "checkpoints" / "global_step4" / "dsbuild_rng_1.pt").is_file()
+    assert (out / "checkpoints" / "global_step4" / "dsbuild_rank1.json").is_file()
     logs = list((out / "logs" / "torchrun" / "node0").glob("*/attempt_0/1/stderr.log"))
     assert logs, "every rank's output is kept in a log file"
 
@@ -148,8 +149,8 @@ def test_two_nodes_on_one_machine(tmp_path: Path) -> None:
     assert results[1][0].splitlines()[-1] == f"node 1: done; node 0 has the outputs in {out}"
     assert results[0][0].splitlines()[-4] == f"checkpoints  {out}/checkpoints  (latest: global_step4)"
     assert json.loads((out / "ds_config.json").read_text())["train_batch_size"] == 16 * 2
-    assert (out / "checkpoints" / "global_step4" / "dsbuild_rng_1.pt").is_file()  # rank 1 lives on node 1
-    assert [h["step"] for h in train_records(json.loads((out / "history.json").read_text()))] == [1, 2, 3, 4]
+    assert (out / "checkpoints" / "global_step4" / "dsbuild_rank1.json").is_file()  # rank 1 lives on node 1
+    assert [h["step"] for h in train_records(read_history(out / "history.jsonl"))] == [1, 2, 3, 4]
 
 
 @pytest.mark.slow

@@ -17,8 +17,14 @@ from dsbuild.training import Training
 
 # -- strategies for resolve ---------------------------------------------------------------
 
+
+def _all_set(**fields: Any) -> Training:
+    """Training arguments all counted as set, as the HF Trainer counts a TrainingArguments' values."""
+    return Training(**fields, given=frozenset(Training().to_dict()))
+
+
 trainings = st.builds(
-    Training,
+    _all_set,
     learning_rate=st.sampled_from([5e-5, 1e-4, 2e-5, 0.0]),
     weight_decay=st.sampled_from([0.0, 0.01]),
     adam_beta1=st.sampled_from([0.9, 0.8]),

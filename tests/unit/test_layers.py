@@ -29,6 +29,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "dsbuild.overrides",
         "dsbuild.compat",
         "dsbuild.extras",
+        "dsbuild.manifest",
+        "dsbuild.history",
+        "dsbuild.build_locks",
     ),
     # 1: the typed model and the builder (data only)
     ("dsbuild.config",),
@@ -47,7 +50,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # 8: what imports torch & co. (lazily): the Session, data, doctor
     ("dsbuild.session", "dsbuild.data", "dsbuild.doctor"),
     # 9: the training run and process launch (no printing)
-    ("dsbuild.run", "dsbuild.plot", "dsbuild.launch", "dsbuild.demo"),
+    ("dsbuild.run", "dsbuild.plot", "dsbuild.launch", "dsbuild.output_dir", "dsbuild.demo"),
     # 10: the command line and the package itself
     ("dsbuild.cli", "dsbuild.__main__", "dsbuild"),
 )

@@ -1,0 +1,402 @@
+"""The checkpoint manifest: what a complete, verified dsbuild checkpoint is, read without torch.
+
+A checkpoint is DeepSpeed's own folder (``save_dir/TAG/``: model and optimizer states) plus:
+
+- ``dsbuild_rank{R}.json`` per process: its data position and RNG states, as JSON (no pickle),
+  and the size and SHA-256 of every file that process wrote;
+- ``manifest.json``, written last by rank 0 once every process has written its files: the files
+  with their sizes and SHA-256, the versions that wrote them, and the facts that decide what the
+  checkpoint means (world size, ZeRO stage, batch sizes, data, seed, model, LoRA);
+- ``latest`` (DeepSpeed's pointer) moves to the new tag only after its manifest is written.
+
+Every file is renamed into place atomically but not flushed to disk with ``fsync`` (DeepSpeed does not
+flush its files either): what a crash or a power loss leaves short or stale fails verification against
+the manifest, and the resume falls back to an older checkpoint that verifies.
+
+``verify`` checks a checkpoint against its manifest, ``list_checkpoints`` lists a folder
+(``dsbuild checkpoints``), ``pick`` chooses what a resume loads: the newest checkpoint that
+verifies, after refusing a run whose facts changed. Loading the tensors is ``dsbuild.session``'s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+
+from .atomic import write_atomic
+from .errors import CheckpointError
+from .version import VERSION
+from .versions import installed
+
+__all__ = [
+    "FORMAT",
+    "LATEST",
+    "MANIFEST",
+    "RANK_STATE",
+    "CheckpointInfo",
+    "RunFacts",
+    "candidates",
+    "check_files",
+    "expected_files",
+    "fingerprint",
+    "last_complete",
+    "list_checkpoints",
+    "pick",
+    "prune",
+    "read_json",
+    "read_latest",
+    "read_rank_state",
+    "remove_failed",
+    "sha256_file",
+    "verify",
+    "write_latest",
+    "write_manifest",
+    "write_rank_state",
+]
+
+FORMAT: Final = "dsbuild-checkpoint/1"
+
+
+LATEST: Final = "latest"
+"""DeepSpeed's pointer file: the tag ``load_checkpoint(path)`` loads when no tag is given."""
+
+
+MANIFEST: Final = "manifest.json"
+
+
+RANK_STATE: Final = "dsbuild_rank{rank}.json"
+
+
+_MAX_JSON: Final = 64 * 2**20
+"""A manifest or rank file larger than this is not one of ours (read nothing bigger)."""
+
+
+_CHUNK: Final = 2**20
+
+
+# -- the facts that decide what a checkpoint means ---------------------------------------------
+
+
+@attrs.frozen
+class RunFacts:
+    """What must be the same for a checkpoint to mean the same thing when a run resumes it."""
+
+    world_size: int
+    zero_stage: int
+    micro_batch: int
+    gradient_accumulation: int
+    seed: int | None = None
+    data: str | None = None
+    """A fingerprint of the training data (``None``: unknown, not compared)."""
+    model: str | None = None
+    """A fingerprint of the model's architecture (its config)."""
+    lora: str | None = None
+    """A fingerprint of the LoRA adapters' config, or ``None`` for full fine-tuning."""
+
+    def to_json(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+    def changes(self, saved: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+        """``(fact, in the checkpoint, now)`` for every fact that differs (unknown ones are not compared)."""
+        out = []
+        for a in attrs.fields(RunFacts):
+            now, then = getattr(self, a.name), saved.get(a.name)
+            comparable = a.name not in ("data", "model", "seed") or (now is not None and then is not None)
+            if comparable and now != then:
+                out.append((a.name, then, now))
+        return out
+
+
+_WHAT_TO_DO: Final = {
+    "world_size": "run with the same number of processes (--nproc-per-node / --nnodes)",
+    "zero_stage": "use the checkpoint's ZeRO stage (DeepSpeed cannot load its states at another)",
+    "micro_batch": "use the same per_device_train_batch_size (the saved data position counts micro-batches)",
+    "gradient_accumulation": "use the same gradient_accumulation_steps (the saved position counts micro-batches)",
+    "seed": "use the same seed (the data order and dropout follow it)",
+    "data": "train on the same data, or start a new run (another output_dir, or --overwrite)",
+    "model": "use the same model config",
+    "lora": "use the same LoRA settings (r, alpha, target modules)",
+}
+
+
+def mismatch_error(tag: str, changes: list[tuple[str, Any, Any]]) -> CheckpointError:
+    """The refusal of a resume whose facts changed: a side-by-side table and what to do."""
+    rows = [("", "checkpoint", "this run"), *((name, _short(then), _short(now)) for name, then, now in changes)]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    table = "\n".join("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+    todo = "\n".join(f"  - {_WHAT_TO_DO[name]}" for name, _, _ in changes)
+    return CheckpointError(
+        f"checkpoint {tag} was saved by a different run; resuming it would not continue that run:\n{table}\n{todo}"
+    )
+
+
+def _short(value: Any) -> str:
+    text = "-" if value is None else str(value)
+    return text if len(text) <= 24 else text[:21] + "..."
+
+
+def fingerprint(*parts: Any) -> str:
+    """A short, stable digest of JSON-able ``parts`` (``sha256:...``)."""
+    text = json.dumps(parts, sort_keys=True, default=str)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# -- hashing ------------------------------------------------------------------------------------
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _hash_all(paths: Sequence[Path]) -> list[str]:
+    """SHA-256 of each file, several at once (hashlib releases the GIL)."""
+    if len(paths) <= 1:
+        return [sha256_file(p) for p in paths]
+    with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+        return list(pool.map(sha256_file, paths))
+
+
+# -- the files --------------------------------------------------------------------------------------
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A small JSON object of ours (a manifest, a rank file), or ``CheckpointError`` naming the file."""
+    try:
+        if path.stat().st_size > _MAX_JSON:
+            raise CheckpointError(f"{path}: too large for a dsbuild checkpoint file")
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing") from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise CheckpointError(f"{path}: unreadable ({e})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: not a dsbuild checkpoint file")
+    return data
+
+
+def write_rank_state(tag_dir: Path, rank: int, state: Mapping[str, Any]) -> Path:
+    return write_atomic(tag_dir / RANK_STATE.format(rank=rank), json.dumps(state) + "\n", durable=False)
+
+
+def read_rank_state(tag_dir: Path, rank: int, manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """This rank's state file, verified against the manifest."""
+    name = RANK_STATE.format(rank=rank)
+    entry = manifest.get("files", {}).get(name)
+    path = tag_dir / name
+    if not isinstance(entry, dict):
+        raise CheckpointError(
+            f"{path}: not in the manifest (was it saved by {manifest.get('run', {}).get('world_size')} processes?)"
+        )
+    if sha256_file(path) != entry.get("sha256"):
+        raise CheckpointError(f"{path}: its contents differ from the manifest's SHA-256 (altered or damaged)")
+    return read_json(path)
+
+
+def write_manifest(tag_dir: Path, *, tag: str, step: int, world_size: int, facts: RunFacts) -> dict[str, Any]:
+    """Rank 0, after every rank has written: the manifest of ``tag_dir`` (hashes from the rank files), atomically."""
+    files: dict[str, dict[str, Any]] = {}
+    for rank in range(world_size):
+        path = tag_dir / RANK_STATE.format(rank=rank)
+        state = read_json(path)
+        files[path.name] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
+        for name, (size, digest) in state.get("files", {}).items():
+            files[name] = {"size": size, "sha256": digest}
+    # Anything else in the folder (written by DeepSpeed around its checkpoint engine) is hashed here.
+    others = [p for p in sorted(tag_dir.rglob("*")) if p.is_file() and _rel(p, tag_dir) not in files]
+    others = [p for p in others if p.name != MANIFEST and not p.name.startswith(".")]
+    for path, digest in zip(others, _hash_all(others), strict=True):
+        files[_rel(path, tag_dir)] = {"size": path.stat().st_size, "sha256": digest}
+    manifest = {
+        "format": FORMAT,
+        "tag": tag,
+        "global_step": step,
+        "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "versions": {"dsbuild": VERSION, "deepspeed": installed("deepspeed"), "torch": installed("torch")},
+        "run": facts.to_json(),
+        "files": dict(sorted(files.items())),
+    }
+    write_atomic(tag_dir / MANIFEST, json.dumps(manifest, indent=1) + "\n", durable=False)
+    return manifest
+
+
+def _rel(path: Path, root: Path) -> str:
+    return path.relative_to(root).as_posix()
+
+
+def read_manifest(tag_dir: Path) -> dict[str, Any]:
+    manifest = read_json(tag_dir / MANIFEST)
+    if manifest.get("format") != FORMAT or not isinstance(manifest.get("files"), dict):
+        raise CheckpointError(f"{tag_dir / MANIFEST}: not a {FORMAT} manifest")
+    return manifest
+
+
+def check_files(tag_dir: Path, manifest: Mapping[str, Any], *, hashes: bool) -> None:
+    """Every file of the manifest present with its size (and, with ``hashes``, its SHA-256); else name the first bad."""
+    entries = manifest["files"]
+    paths = []
+    for name, entry in entries.items():
+        path = tag_dir / name
+        if ".." in Path(name).parts or Path(name).is_absolute():
+            raise CheckpointError(f"{tag_dir / MANIFEST}: lists a file outside the checkpoint: {name!r}")
+        if not path.is_file():
+            raise CheckpointError(f"{path}: missing")
+        size = path.stat().st_size
+        if size != entry.get("size"):
+            raise CheckpointError(f"{path}: {size} bytes, the manifest says {entry.get('size')} (truncated or altered)")
+        paths.append(path)
+    if hashes:
+        for path, digest in zip(paths, _hash_all(paths), strict=True):
+            if digest != entries[_rel(path, tag_dir)].get("sha256"):
+                raise CheckpointError(f"{path}: its contents differ from the manifest's SHA-256 (altered or damaged)")
+
+
+def expected_files(tag_dir: Path, manifest: Mapping[str, Any]) -> dict[str, tuple[int, str]]:
+    """Absolute path -> (size, sha256) of the manifest's files, for ``VerifyingCheckpointEngine.expected``."""
+    return {
+        str((tag_dir / name).resolve()): (entry["size"], entry["sha256"]) for name, entry in manifest["files"].items()
+    }
+
+
+# -- latest, listing, pruning, choosing ------------------------------------------------------------
+
+
+def write_latest(save_dir: Path, tag: str) -> None:
+    """Point ``latest`` at ``tag`` atomically: a reader sees the old tag or the new one, never a torn file."""
+    write_atomic(Path(save_dir) / LATEST, tag, durable=False)
+
+
+def read_latest(save_dir: Path) -> str | None:
+    path = Path(save_dir) / LATEST
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return None
+    return text if text and "/" not in text and len(text) < 256 else None
+
+
+@attrs.frozen
+class CheckpointInfo:
+    """One checkpoint in a folder, as ``dsbuild checkpoints`` lists it."""
+
+    tag: str
+    step: int | None
+    saved_at: str | None
+    size: int
+    """Bytes of its files."""
+    problem: str | None
+    """Why it does not verify, or ``None`` when every file matches its manifest."""
+    latest: bool
+
+
+def candidates(save_dir: Path) -> list[str]:
+    """The tags in ``save_dir``, newest first (by the step their manifest records, then by name)."""
+    found = []
+    if not save_dir.is_dir():
+        return []
+    for child in save_dir.iterdir():
+        if child.is_dir() and not child.name.startswith("."):
+            try:
+                step = int(read_json(child / MANIFEST).get("global_step", -1))
+            except (CheckpointError, TypeError, ValueError):
+                step = -1
+            found.append((step, child.name))
+    return [tag for _, tag in sorted(found, reverse=True)]
+
+
+def verify(tag_dir: Path, *, hashes: bool = True) -> dict[str, Any]:
+    """The manifest of a checkpoint whose every file matches it; ``CheckpointError`` naming the first that does not."""
+    if not (tag_dir / MANIFEST).is_file():
+        raise CheckpointError(f"{tag_dir}: no {MANIFEST} (an interrupted save, or not written by this dsbuild)")
+    manifest = read_manifest(tag_dir)
+    check_files(tag_dir, manifest, hashes=hashes)
+    return manifest
+
+
+def list_checkpoints(save_dir: Path) -> list[CheckpointInfo]:
+    """Every checkpoint in ``save_dir``, newest first, each fully verified."""
+    latest = read_latest(save_dir)
+    out = []
+    for tag in candidates(save_dir):
+        tag_dir = save_dir / tag
+        size = sum(p.stat().st_size for p in tag_dir.rglob("*") if p.is_file())
+        try:
+            manifest = verify(tag_dir)
+            step, saved, problem = manifest.get("global_step"), manifest.get("saved_at"), None
+        except CheckpointError as e:
+            step, saved, problem = None, None, str(e)
+        out.append(CheckpointInfo(tag, step, saved, size, problem, tag == latest))
+    return out
+
+
+def prune(save_dir: Path, keep: int) -> list[str]:
+    """Delete all but the ``keep`` newest verified checkpoints (never the one ``latest`` names); the deleted tags."""
+    latest = read_latest(save_dir)
+    complete = [tag for tag in candidates(save_dir) if (save_dir / tag / MANIFEST).is_file()]
+    old = [tag for tag in complete[keep:] if tag != latest]
+    for tag in old:
+        shutil.rmtree(save_dir / tag, ignore_errors=True)
+    return old
+
+
+def last_complete(save_dir: Path, *, but: str | None = None) -> str | None:
+    """The newest checkpoint with a manifest (other than ``but``), for messages; ``None`` when there is none."""
+    return next((t for t in candidates(save_dir) if t != but and (save_dir / t / MANIFEST).is_file()), None)
+
+
+def remove_failed(tag_dir: Path) -> bool:
+    """Remove the folder of a save that failed (its manifest first, so it can never pass for complete)."""
+    if not tag_dir.is_dir():
+        return False
+    (tag_dir / MANIFEST).unlink(missing_ok=True)
+    shutil.rmtree(tag_dir, ignore_errors=True)
+    return True
+
+
+def pick(
+    save_dir: Path,
+    tag: str | None,
+    facts: RunFacts,
+    attempt: Callable[[str, dict[str, Any]], None],
+) -> tuple[str, dict[str, Any], list[str]]:
+    """Load a checkpoint with ``attempt(tag, manifest)``: ``tag``, else the newest that verifies.
+
+    A run whose facts differ from the checkpoint's is refused (``mismatch_error``), not fallen back
+    from. A damaged checkpoint (a file missing, truncated, altered, or refused by the weights-only
+    loader) is skipped for the next older one, and said so. Returns the tag, its manifest and the
+    notes on what was skipped.
+    """
+    tags = [tag] if tag is not None else candidates(save_dir)
+    if not tags:
+        raise CheckpointError(f"{save_dir}: no checkpoint to resume from")
+    notes: list[str] = []
+    for name in tags:
+        tag_dir = save_dir / name
+        try:
+            manifest = verify(tag_dir, hashes=False)  # sizes now; the contents as they are loaded
+        except CheckpointError as e:
+            notes.append(str(e))
+            continue
+        changes = facts.changes(manifest.get("run", {}))
+        if changes:
+            raise mismatch_error(name, changes)
+        try:
+            attempt(name, manifest)
+        except CheckpointError as e:
+            notes.append(str(e))
+            continue
+        return name, manifest, notes
+    skipped = "\n".join(f"  {note}" for note in notes)
+    raise CheckpointError(f"{save_dir}: no checkpoint verifies:\n{skipped}")

@@ -1,0 +1,119 @@
+"""A run's output folder: what an earlier run left there, the lock that keeps a second run out, and moving an
+earlier run aside when asked to start over.
+
+``dsbuild train`` never writes over an earlier run without being told: a folder holding one is refused
+unless ``--resume`` (continue it) or ``--overwrite`` (move it aside, then start; nothing is deleted). An
+exclusive lock (``fcntl.flock`` on ``.dsbuild.lock``, which names the host, process and command) keeps a
+second run out of the folder while the first is alive; the operating system drops the lock when its
+process dies, so a lock file left by a dead run is taken over with a notice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Final
+
+from .errors import OutputDirError
+from .history import HISTORY
+from .manifest import MANIFEST, candidates, read_json
+
+__all__ = ["LOCK", "RUN_FILES", "earlier_run", "lock", "move_aside"]
+
+logger = logging.getLogger("dsbuild")
+
+LOCK: Final = ".dsbuild.lock"
+EVIDENCE: Final = (HISTORY, "history.json", "checkpoints", "model", "ds_config.json", "loss.png")
+"""What only a run that trained leaves in its output folder (``history.json`` is the older runs' history). The
+launcher's logs are not evidence: other nodes start writing theirs before node 0 has looked."""
+RUN_FILES: Final = (*EVIDENCE, "logs")
+"""What a run writes in its output folder, all moved aside by ``--overwrite``."""
+
+
+def earlier_run(out: Path) -> str | None:
+    """What an earlier run left in ``out``, in a few words; ``None`` when it holds none of a run's files."""
+    found = [name for name in EVIDENCE if (out / name).exists()]
+    if not found:
+        return None
+    parts = []
+    tags = [t for t in candidates(out / "checkpoints") if (out / "checkpoints" / t / MANIFEST).is_file()]
+    if tags:
+        step = read_json(out / "checkpoints" / tags[0] / MANIFEST).get("global_step")
+        parts.append(f"{len(tags)} checkpoint{'s' if len(tags) != 1 else ''}, the newest at step {step}")
+    if (out / "model").exists():
+        parts.append("a saved model")
+    if (out / HISTORY).exists() or (out / "history.json").exists():
+        parts.append("a training history")
+    return ", ".join(parts) or ", ".join(found)
+
+
+def move_aside(out: Path) -> Path:
+    """Move an earlier run's files (only those, ``RUN_FILES``) into a new sibling folder; that folder."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target = out.parent / f"{out.name}.replaced-{stamp}"
+    n = 1
+    while target.exists():
+        n += 1
+        target = out.parent / f"{out.name}.replaced-{stamp}-{n}"
+    target.mkdir(parents=True)
+    for name in RUN_FILES:
+        if (out / name).exists():
+            shutil.move(str(out / name), str(target / name))
+    return target
+
+
+def _holder(text: str) -> str:
+    try:
+        info = json.loads(text)
+        return f"process {info['pid']} on {info['host']}, started {info['started']} ({info['command']})"
+    except (ValueError, KeyError, TypeError):
+        return "another run"
+
+
+@contextmanager
+def lock(out: Path) -> Iterator[None]:
+    """Hold the output folder's lock for the ``with`` block; ``OutputDirError`` naming the run that holds it."""
+    import fcntl
+
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / LOCK
+    handle: IO[str] = open(path, "a+", encoding="utf-8")
+    try:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            raise OutputDirError(
+                f"{out} is in use by {_holder(handle.read())}: wait for it to finish, or give this run another "
+                "training.output_dir"
+            ) from None
+        handle.seek(0)
+        left = handle.read().strip()
+        if left:
+            logger.info("took over %s, left by %s, which is no longer running", path, _holder(left))
+        handle.seek(0)
+        handle.truncate()
+        info = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])[:300],
+        }
+        handle.write(json.dumps(info) + "\n")
+        handle.flush()
+        try:
+            yield
+        finally:
+            handle.seek(0)
+            handle.truncate()  # a clean exit leaves an empty lock file: nothing to take over
+            handle.flush()
+    finally:
+        handle.close()

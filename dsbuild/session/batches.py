@@ -1,0 +1,129 @@
+"""Batches: moving them to the device, finding the loss in a model's output, counting samples and tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from ..errors import SessionError
+
+__all__ = ["DataPosition", "as_float", "counts", "loader", "loss_of", "to_device"]
+
+
+def loader(
+    data: Any,
+    batch_size: int,
+    *,
+    world_size: int,
+    rank: int,
+    shuffle: bool,
+    seed: int,
+    drop_last: bool,
+    collate_fn: Callable[[list[Any]], Any] | None,
+) -> Any:
+    """``data`` itself when it is a DataLoader; else a DataLoader over this rank's share of a Dataset or sequence."""
+    if isinstance(data, DataLoader):
+        return data
+    if not isinstance(data, (Dataset, Sequence)):
+        raise SessionError(f"expected a DataLoader, a Dataset or a sequence of samples, got {type(data).__name__}")
+    sampler: DistributedSampler[Any] = DistributedSampler(
+        data,  # type: ignore[arg-type]
+        num_replicas=world_size,
+        rank=rank,
+        shuffle=shuffle,
+        seed=seed,
+    )
+    return DataLoader(data, batch_size=batch_size, sampler=sampler, collate_fn=collate_fn, drop_last=drop_last)  # type: ignore[arg-type]
+
+
+@attrs.define
+class DataPosition:
+    """Where training is in the data: the epoch, the micro-batches of it consumed, and the torch RNG state its
+    iterator was created from (so a resumed run draws the same shuffle)."""
+
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    epoch_rng: torch.Tensor | None = None
+
+    def iterator(self, loader: Any) -> Any:
+        """An iterator over the current epoch, past the micro-batches already consumed."""
+        set_epoch = getattr(getattr(loader, "sampler", None), "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(self.epoch)  # a DistributedSampler shuffles per epoch
+        if self.batch_in_epoch and self.epoch_rng is not None:
+            # Resuming mid-epoch: the iterator takes its seed from torch's RNG, so create it from the
+            # state the interrupted run created it from, then continue with the restored state.
+            now = torch.get_rng_state()
+            torch.set_rng_state(self.epoch_rng)
+            iterator = iter(loader)
+            torch.set_rng_state(now)
+        else:
+            self.epoch_rng = torch.get_rng_state()
+            iterator = iter(loader)
+        for _ in range(self.batch_in_epoch):
+            next(iterator, None)
+        return iterator
+
+    def next_epoch(self) -> None:
+        self.epoch += 1
+        self.batch_in_epoch = 0
+
+
+def to_device(batch: Any, device: Any) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, Mapping):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
+        return type(batch)(*(to_device(v, device) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch
+
+
+def loss_of(output: Any) -> Any:
+    """The loss in a model's output: ``.loss``, ``["loss"]``, or the output itself when it is a scalar tensor."""
+    if isinstance(output, torch.Tensor):
+        loss = output
+    elif getattr(output, "loss", None) is not None:
+        loss = output.loss
+    elif isinstance(output, Mapping) and output.get("loss") is not None:
+        loss = output["loss"]
+    else:
+        raise SessionError(
+            f"the model returned {type(output).__name__} without a loss: put labels in the batch, or pass loss_fn=(model, batch) -> loss"
+        )
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        raise SessionError(
+            f"the loss must be a scalar tensor, got {type(loss).__name__} of shape {getattr(loss, 'shape', None)}"
+        )
+    return loss
+
+
+def counts(batch: Any) -> tuple[int, int]:
+    """(samples, tokens) in a batch: tokens are the attention mask's ones, else the input ids; 0 when unknown."""
+    first = batch
+    while isinstance(first, (Mapping, list, tuple)) and len(first):
+        first = next(iter(first.values())) if isinstance(first, Mapping) else first[0]
+    samples = int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() > 0 else 0
+    tokens = 0
+    if isinstance(batch, Mapping):
+        if isinstance(batch.get("attention_mask"), torch.Tensor):
+            tokens = int(batch["attention_mask"].sum())
+        elif isinstance(batch.get("input_ids"), torch.Tensor):
+            tokens = int(batch["input_ids"].numel())
+    return samples, tokens
+
+
+def as_float(value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out

@@ -1,0 +1,192 @@
+"""``Session.fit``: the training loop (read it top to bottom), its schedule of logging, evaluation and saving."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from .. import manifest
+from ..errors import NonFiniteLossError, SessionError
+from ..training import Training
+from . import distributed
+from .batches import DataPosition, counts
+from .history import History
+
+__all__ = ["Trainable", "fit"]
+
+
+class Trainable(Protocol):
+    """What the loop uses of a ``Session`` (the loop sits below the class, so it names these, not the class)."""
+
+    training: Training | None
+    output_dir: Path | None
+    total_steps: int | None
+    terminate_on_nan: bool
+    position: DataPosition
+    last_saved: str | None
+
+    @property
+    def micro_batch_size(self) -> int: ...
+    @property
+    def gradient_accumulation_steps(self) -> int: ...
+    @property
+    def is_main_process(self) -> bool: ...
+    @property
+    def history_path(self) -> Path | None: ...
+    @property
+    def global_step(self) -> int: ...
+    def engine_for(self, total_steps: int | None) -> Any: ...
+    def data_loader(
+        self, data: Any, batch_size: int, *, shuffle: bool, collate_fn: Callable[[list[Any]], Any] | None = None
+    ) -> Any: ...
+    def step(self, batch: Any, loss_fn: Callable[[Any, Any], Any] | None = None) -> Any: ...
+    def evaluate(
+        self,
+        data: Any,
+        *,
+        batch_size: int | None = None,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        loss_fn: Callable[[Any, Any], Any] | None = None,
+    ) -> dict[str, float]: ...
+    def write_events(self, prefix: str, record: Mapping[str, Any]) -> None: ...
+    def save_checkpoint(self, path: Any = None, tag: str | None = None) -> str: ...
+
+
+def fit(
+    session: Trainable,
+    train_data: Any,
+    *,
+    epochs: float | None,
+    max_steps: int | None,
+    eval_data: Any,
+    eval_every: int | None,
+    save_every: int | None,
+    collate_fn: Callable[[list[Any]], Any] | None,
+    loss_fn: Callable[[Any, Any], Any] | None,
+) -> list[dict[str, Any]]:
+    """Train ``session`` (see ``Session.fit``); the records of this call."""
+    from tqdm import tqdm  # type: ignore[import-untyped,unused-ignore]
+
+    loader = session.data_loader(train_data, session.micro_batch_size, shuffle=True, collate_fn=collate_fn)
+    batches = len(loader)
+    if batches == 0:
+        raise SessionError("train_data is empty (no micro-batch for this process)")
+    per_epoch = max(batches // session.gradient_accumulation_steps, 1)
+    target = _target_steps(session, per_epoch, epochs, max_steps)
+    engine = session.engine_for(target)
+
+    strategy = session.training.save_strategy if session.training is not None else "steps"
+    if save_every is None and session.output_dir is not None and strategy == "steps":
+        save_every = _every(session, "save_steps", target)
+    if save_every and session.output_dir is None:
+        raise SessionError("save_every needs an output directory: pass output_dir= to the Session")
+    save_at_end = session.output_dir is not None and (bool(save_every) or strategy == "epoch")
+    log_every = _every(session, "logging_steps", target) or 1
+
+    records: list[dict[str, Any]] = []
+    kept = History(session.history_path if session.is_main_process else None)
+    bar = tqdm(
+        total=target,
+        initial=min(engine.global_steps, target),
+        desc="train",
+        unit="step",
+        disable=not session.is_main_process,
+        dynamic_ncols=True,
+    )
+    window = [0.0, 0.0, 0.0, 0.0]  # loss sum, micro-batches, samples, tokens since the last optimizer step
+    started = time.perf_counter()
+    try:
+        while engine.global_steps < target:
+            iterator = session.position.iterator(loader)
+            for batch in iterator:
+                samples, tokens = counts(batch)
+                out = session.step(batch, loss_fn=loss_fn)
+                session.position.batch_in_epoch += 1
+                window = [window[0] + out.loss, window[1] + 1, window[2] + samples, window[3] + tokens]
+                if not out.boundary:
+                    continue
+                loss_sum, micro, samples_sum, tokens_sum = distributed.all_sum(window, engine.device)
+                elapsed = max(time.perf_counter() - started, 1e-9)
+                record = {
+                    "step": out.global_step,
+                    "epoch": session.position.epoch + session.position.batch_in_epoch / batches,
+                    "loss": loss_sum / max(micro, 1),
+                    "lr": out.lr,
+                    "grad_norm": out.grad_norm,
+                    "samples_per_sec": samples_sum / elapsed,
+                    "tokens_per_sec": tokens_sum / elapsed,
+                }
+                records.append(record)
+                if not kept.add(record) and session.terminate_on_nan:
+                    kept.flush()
+                    raise _non_finite(session, record, kept.last_finite)
+                if out.global_step % log_every == 0:
+                    session.write_events("Train", record)
+                    kept.flush()
+                bar.update(1)
+                bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{out.lr or 0:.2e}")
+                window = [0.0, 0.0, 0.0, 0.0]
+                if eval_data is not None and eval_every and out.global_step % eval_every == 0:
+                    kept.flush()
+                    records.append(_evaluated(session, eval_data, collate_fn, loss_fn))
+                if save_every and out.global_step % save_every == 0:
+                    kept.flush()
+                    session.save_checkpoint()
+                started = time.perf_counter()
+                if engine.global_steps >= target:
+                    break
+            else:
+                session.position.next_epoch()
+                if strategy == "epoch" and session.output_dir is not None and save_every is None:
+                    kept.flush()
+                    session.save_checkpoint()
+    finally:
+        bar.close()
+        kept.flush()
+    if eval_data is not None and not eval_every:
+        records.append(_evaluated(session, eval_data, collate_fn, loss_fn))
+    if save_at_end and session.last_saved != f"global_step{engine.global_steps}":
+        session.save_checkpoint()  # the end of training is always saved, as the HF Trainer does
+    return records
+
+
+def _evaluated(session: Trainable, data: Any, collate_fn: Any, loss_fn: Any) -> dict[str, Any]:
+    return {"step": session.global_step, **session.evaluate(data, collate_fn=collate_fn, loss_fn=loss_fn)}
+
+
+def _target_steps(session: Trainable, per_epoch: int, epochs: float | None, max_steps: int | None) -> int:
+    """The run's optimizer steps: ``max_steps``, else ``epochs``, else the session's ``total_steps`` /
+    ``training.max_steps``, else ``training.num_train_epochs`` (1 epoch without training arguments)."""
+    if max_steps is not None:
+        return int(max_steps)
+    if epochs is not None:
+        return max(math.ceil(epochs * per_epoch), 1)
+    if session.total_steps is not None:
+        return int(session.total_steps)
+    if session.training is not None and session.training.max_steps > 0:
+        return int(session.training.max_steps)
+    train_epochs = session.training.num_train_epochs if session.training is not None else 1
+    return max(math.ceil(train_epochs * per_epoch), 1)
+
+
+def _every(session: Trainable, name: str, target: int) -> int | None:
+    """An interval in optimizer steps from a training argument (below 1: a fraction of the run); ``None`` without."""
+    if session.training is None:
+        return None
+    value = float(getattr(session.training, name))
+    return max(math.ceil(value * target), 1) if value < 1 else int(value)
+
+
+def _non_finite(session: Trainable, record: Mapping[str, Any], last: tuple[int, float] | None) -> NonFiniteLossError:
+    where = session.output_dir / "checkpoints" if session.output_dir is not None else None
+    good = manifest.last_complete(where) if where is not None else None
+    before = f"the last finite loss was {last[1]:.4f} at step {last[0]}" if last else "no step had a finite loss"
+    saved = f"the last good checkpoint is {where / good}" if where is not None and good else "no checkpoint was saved"
+    return NonFiniteLossError(
+        f"the loss is {record['loss']} at step {record['step']}: training stopped ({before}; {saved}). "
+        "Look for samples without a trainable token, a learning rate too high, or fp16 overflow; "
+        "terminate_on_nan=False (dsbuild train --no-terminate-on-nan) trains on regardless"
+    )

@@ -1,0 +1,105 @@
+"""What a Session does before any process group exists: the config read, resolved against the run and checked."""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+import numpy as np
+import torch
+
+from ..api import Config
+from ..config import CsvMonitor
+from ..errors import ConfigError, Problem, UnresolvedAutoError
+from ..training import Training
+from ..validate import check
+
+__all__ = [
+    "DEFAULT_SEED",
+    "PROBE_STEPS",
+    "as_config",
+    "hf_model_or_none",
+    "resolve_checked",
+    "seed_everything",
+    "with_default_monitor",
+]
+
+PROBE_STEPS: Final = 1_000_000
+"""Stand-in step count used only to check a config whose schedule waits for ``fit`` to count the steps."""
+DEFAULT_SEED: Final = 42
+"""HF's default seed; every rank builds the same random initial weights from it."""
+
+
+def as_config(config: Config | Mapping[str, Any] | str | os.PathLike[str]) -> Config:
+    """A ``Config`` from one, a ds_config dict, a config file, or a preset name."""
+    if isinstance(config, Config):
+        return config
+    if isinstance(config, Mapping):
+        return Config.from_dict(config)
+    if isinstance(config, (str, os.PathLike)):
+        if Path(config).is_file():
+            return Config.load(Path(config))
+        return Config.preset(str(config))
+    raise ConfigError(
+        Problem("config", f"got {type(config).__name__}, expected a Config, a ds_config dict, a path or a preset name")
+    )
+
+
+def with_default_monitor(config: Config, output_dir: Path | None) -> Config:
+    """Turn DeepSpeed's CSV monitor on under ``output_dir`` when the user configured no monitor at all."""
+    if output_dir is None or any(
+        getattr(config, name) is not None for name in ("tensorboard", "csv_monitor", "wandb", "comet")
+    ):
+        return config
+    monitor = CsvMonitor(enabled=True, output_path=str(output_dir / "logs"), job_name="train")
+    return attrs.evolve(config, csv_monitor=monitor)
+
+
+def resolve_checked(
+    given: Config,
+    *,
+    world_size: int,
+    training: Training | None,
+    model: Any,
+    hidden_size: int | None,
+    total_steps: int | None,
+) -> tuple[Config, bool]:
+    """The resolved, checked config and whether the run's step count was known.
+
+    Without a step count, a config whose schedule needs one is checked with a
+    stand-in count and resolved for real once ``fit`` counts the steps.
+    """
+    kwargs: dict[str, Any] = {
+        "world_size": world_size,
+        "training": training,
+        "model": model,
+        "hidden_size": hidden_size,
+    }
+    known = True
+    try:
+        resolved = given.resolve(total_steps=total_steps, **kwargs)
+    except UnresolvedAutoError as error:
+        if total_steps is not None or (training is not None and training.max_steps > 0):
+            raise
+        try:
+            resolved = given.resolve(total_steps=PROBE_STEPS, **kwargs)
+        except ConfigError:
+            raise error from None
+        known = False
+    check(resolved, world_size=world_size, resolved=True)
+    return resolved, known
+
+
+def hf_model_or_none(model: Any) -> Any:
+    """What ``resolve`` reads the hidden size from: the model when it has a ``config``."""
+    return model if getattr(model, "config", None) is not None else None
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # also seeds the accelerator's generators

@@ -1,0 +1,240 @@
+"""DeepSpeed's checkpoint files read with torch's weights-only unpickler, and verified as they are read and written.
+
+Every file DeepSpeed reads or writes for a checkpoint goes through its engine's checkpoint engine
+(``DeepSpeedEngine.checkpoint_engine``); ``install`` wraps DeepSpeed's default one in
+``VerifyingCheckpointEngine``: ``save`` hashes what it writes (for the manifest), ``load`` uses
+``torch.load(weights_only=True)`` with an allowlist of the few DeepSpeed classes its checkpoints
+hold (``SAFE_GLOBALS``) and checks the bytes against the manifest. A pickle planted in a
+checkpoint is refused, naming the file and the global it asked for, and runs nothing. dsbuild's own
+state (RNG states, data position) is JSON (``rng_state``).
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import hashlib
+import os
+import pickle
+import random
+import re
+import shutil
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, BinaryIO, Final
+
+import numpy as np
+import torch
+
+from ..errors import CheckpointError
+from ..manifest import sha256_file
+
+__all__ = [
+    "SAFE_GLOBALS",
+    "VerifyingCheckpointEngine",
+    "decode_tensor",
+    "encode_tensor",
+    "install",
+    "rng_state",
+    "safe_globals",
+    "set_rng_state",
+]
+
+
+def safe_globals() -> list[Any]:
+    """The globals DeepSpeed 0.19's own checkpoints need beyond tensors (ZeRO 0-3, offload, LoRA, fp16/bf16/fp32)."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+
+SAFE_GLOBALS: Final = (
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+    "deepspeed.runtime.zero.config.ZeroStageEnum",
+    "deepspeed.utils.tensor_fragment.fragment_address",
+)
+"""The names of ``safe_globals()``, for docs and messages."""
+
+
+class _HashingWriter:
+    """A binary file that hashes what is written through it (``torch.save`` writes sequentially).
+
+    A large chunk (a tensor's storage) is hashed while a second thread writes it: both release the GIL, so
+    on a machine with a core to spare the hash costs little more than the write.
+    """
+
+    _LARGE: Final = 2**20
+
+    def __init__(self, f: BinaryIO) -> None:
+        self.f = f
+        self.size = 0
+        self.digest = hashlib.sha256()
+
+    def write(self, data: bytes) -> int:
+        self.size += len(data)
+        if len(data) < self._LARGE:
+            self.digest.update(data)
+            return self.f.write(data)
+        written: list[int] = []
+        errors: list[BaseException] = []
+
+        def write() -> None:
+            try:
+                written.append(self.f.write(data))
+            except BaseException as e:  # re-raised below, in the caller's thread
+                errors.append(e)
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        self.digest.update(data)
+        writer.join()
+        if errors:
+            raise errors[0]
+        return written[0]
+
+    def flush(self) -> None:
+        self.f.flush()
+
+    def finish(self) -> str:
+        """The SHA-256 of everything written."""
+        return self.digest.hexdigest()
+
+
+class VerifyingCheckpointEngine:
+    """Wraps DeepSpeed's ``TorchCheckpointEngine``: records what ``save`` writes, loads weights-only and verified.
+
+    Every file DeepSpeed reads or writes for a checkpoint goes through its engine's ``save`` and
+    ``load`` (``DeepSpeedEngine.checkpoint_engine``); everything else is passed through.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.written: dict[str, tuple[int, str]] = {}
+        """Absolute path -> (size, sha256) of each file ``save`` wrote since ``begin``."""
+        self.expected: dict[str, tuple[int, str]] | None = None
+        """Absolute path -> (size, sha256) the files ``load`` may read; ``None``: outside a verified load."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def begin(self) -> None:
+        self.written = {}
+
+    def save(self, state_dict: Any, path: str) -> None:
+        target = Path(path)
+        with open(target, "wb") as f:
+            writer = _HashingWriter(f)
+            try:
+                torch.save(state_dict, writer, _use_new_zipfile_serialization=self.inner.zipfile_serialization)  # type: ignore[arg-type]
+                # Not fsync'd (DeepSpeed does not either): the manifest, written last and fsync'd, holds each
+                # file's SHA-256, so a file a crash left short is found and the checkpoint skipped on resume.
+            except (RuntimeError, OSError) as e:  # torch reports a full disk as "basic_ios::clear" / "failed writing"
+                if isinstance(e, OSError) and e.errno is not None:
+                    raise OSError(e.errno, e.strerror, str(target)) from None
+                if shutil.disk_usage(target.parent).free < 2**20:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(target)) from None
+                raise OSError(errno.EIO, f"writing failed: {e}", str(target)) from None
+            finally:
+                digest = writer.finish()
+        self.written[str(target.resolve())] = (writer.size, digest)
+
+    def load(self, path: str, map_location: Any = None) -> Any:
+        target = Path(path)
+        key = str(target.resolve())
+        expected = None if self.expected is None else self.expected.get(key)
+        if self.expected is not None and expected is None:
+            raise CheckpointError(f"{target}: not in the checkpoint's manifest, so it is not loaded")
+        result: list[str] = []
+        hasher = threading.Thread(target=lambda: result.append(sha256_file(target)))
+        if expected is not None:  # verified while torch reads it: the weights-only load runs nothing either way
+            hasher.start()
+        try:
+            with torch.serialization.safe_globals(safe_globals()):
+                loaded = torch.load(target, map_location=map_location, weights_only=True)
+        except pickle.UnpicklingError as e:
+            raise CheckpointError(f"{target}: refused: {_unsafe_global(e)}") from None
+        except (RuntimeError, EOFError, OSError, ValueError) as e:
+            raise CheckpointError(f"{target}: unreadable: {str(e).splitlines()[0]}") from None
+        finally:
+            if expected is not None:
+                hasher.join()
+        if expected is not None and (not result or result[0] != expected[1]):
+            raise CheckpointError(f"{target}: its contents differ from the manifest's SHA-256 (altered or damaged)")
+        return loaded
+
+
+_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
+
+
+def _unsafe_global(error: Exception) -> str:
+    """What torch's weights-only unpickler refused, in one line."""
+    found = _GLOBAL.search(str(error))
+    if found:
+        return f"it needs the global {found.group(1)}, which is not among the classes DeepSpeed's checkpoints hold"
+    return str(error).splitlines()[0]
+
+
+def install(engine: Any) -> VerifyingCheckpointEngine:
+    """Put ``VerifyingCheckpointEngine`` around the engine's checkpoint engine (DeepSpeed's default one only)."""
+    from deepspeed.runtime.checkpoint_engine import TorchCheckpointEngine
+
+    current = engine.checkpoint_engine
+    if isinstance(current, VerifyingCheckpointEngine):
+        return current
+    if type(current) is not TorchCheckpointEngine:
+        raise CheckpointError(
+            f"the config selects DeepSpeed's {type(current).__name__} checkpoint engine; dsbuild verifies and loads "
+            "checkpoints through the default one only (remove checkpoint.writer / the decoupled settings)"
+        )
+    engine.checkpoint_engine = VerifyingCheckpointEngine(current)
+    return engine.checkpoint_engine  # type: ignore[no-any-return]
+
+
+def _b64(tensor: torch.Tensor) -> str:
+    return base64.b64encode(tensor.detach().cpu().contiguous().numpy().tobytes()).decode("ascii")
+
+
+def _tensor(text: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8).clone()
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's RNG states (python, numpy, torch, the accelerator's when it is not the CPU), as JSON values."""
+    from deepspeed.accelerator import get_accelerator
+
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    state: dict[str, Any] = {
+        "python": [version, list(internal), gauss],
+        "numpy": [kind, [int(k) for k in keys], int(pos), int(has_gauss), float(cached)],
+        "torch": _b64(torch.get_rng_state()),
+    }
+    accelerator = get_accelerator()
+    if accelerator.device_name() != "cpu":
+        state["accelerator"] = _b64(accelerator.get_rng_state())
+    return state
+
+
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    from deepspeed.accelerator import get_accelerator
+
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(_tensor(state["torch"]))
+    if "accelerator" in state:
+        get_accelerator().set_rng_state(_tensor(state["accelerator"]))
+
+
+def encode_tensor(tensor: torch.Tensor | None) -> str | None:
+    """A uint8 state tensor (an RNG state) as text; ``None`` stays ``None``."""
+    return None if tensor is None else _b64(tensor)
+
+
+def decode_tensor(text: str | None) -> torch.Tensor | None:
+    return None if text is None else _tensor(text)
