@@ -97,7 +97,7 @@ def test_overwrite_moves_the_earlier_run_aside(finished: Path, tmp_path: Path) -
 def test_a_second_run_is_kept_out_while_the_first_runs(tmp_path: Path) -> None:
     """Two `dsbuild train` on one folder: the second exits non-zero naming the first; nothing of the first is touched."""
     env = {**os.environ, "DS_ACCELERATOR": "cpu"}
-    log = open(tmp_path / "first.log", "w")  # noqa: SIM115 - closed below
+    log = open(tmp_path / "first.log", "w")
     first = subprocess.Popen(
         [sys.executable, "-m", "dsbuild", "train", *out_dir(tmp_path), "--set=training.max_steps=100000"],
         cwd=tmp_path,
