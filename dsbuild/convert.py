@@ -1,10 +1,12 @@
 """The one converter between configs (``ConfigBase``) and DeepSpeed's ds_config dict.
 
 Reading (``from_dict``) accepts what DeepSpeed accepts — its aliases and legacy
-keys, ``5e8`` for an integer — and writes back the modern spelling. It is
-strict where DeepSpeed is sloppy: ``"yes"`` is not a boolean, ``"3"`` and
-``True`` are not integers, and a key DeepSpeed would ignore is an error (or,
-with ``strict=False``, a warning carried to ``validate()``). Every problem is
+keys, ``5e8`` for an integer, ``"3"`` where its parser reads 3 (one coercion
+policy, ``fields.coerce``; the unusual forms are kept in ``Config.coerced`` for
+``validate()`` to mention) — and writes back the modern spelling. It is strict
+where DeepSpeed is sloppy: ``"yes"`` is not a boolean, ``True`` is not an
+integer, and a key DeepSpeed would ignore is an error (or, with
+``strict=False``, a warning carried to ``validate()``). Every problem is
 collected with its dotted key path and reported at once.
 
 Writing (``to_dict``) gives DeepSpeed's exact keys, only what was set, as
@@ -19,8 +21,17 @@ from typing import Any, TypeVar
 
 import attrs
 
-from .config import AUTO, NOT_KEYS, PASSTHROUGH_KEYS, ConfigBase, ConfigFields
-from .config.fields import Spec, check_value, coerce, describe, key_of
+from .config import (
+    AUTO,
+    NOT_KEYS,
+    PASSTHROUGH_KEYS,
+    PASSTHROUGH_SCHEMAS,
+    STRICT_SECTIONS,
+    ConfigBase,
+    ConfigFields,
+    in_strict_section,
+)
+from .config.fields import Spec, check_value, coerce, describe, key_of, unusual
 from .config.keys import unknown_key
 from .config.misc import TensorParallel
 from .config.optim import Optimizer, Scheduler, optimizer_params_class, scheduler_params_class
@@ -93,6 +104,14 @@ def _read_fields(cls: type) -> dict[str, _Field]:
     }
 
 
+def _takes_null(spec: Spec, path: str) -> bool:
+    """Whether DeepSpeed reads a ``null`` of this field as its default (``Spec.null``, else by how it reads the
+    section: a pydantic model refuses it, a section read by hand takes it; a whole section must be a table)."""
+    if spec.null is not None:
+        return spec.null
+    return spec.kind != "section" and not (path in STRICT_SECTIONS or in_strict_section(path))
+
+
 class _Reader:
     """One ``from_dict`` call: strictness, and the warnings of a non-strict read."""
 
@@ -100,6 +119,7 @@ class _Reader:
         self.strict = strict
         self.problems: list[Problem] = []
         self.ignored: dict[str, Any] = {}
+        self.coerced: dict[str, Any] = {}
 
     def unknown(self, cls: type, path: str, key: str, value: Any, names: set[str]) -> None:
         problem = unknown_key(cls, path, key, names)
@@ -126,6 +146,14 @@ class _Reader:
                     self.unknown(cls, path, key, value, set(fields))
             elif value is not None:
                 kwargs[field.init] = self.value(field.spec, value, f"{path}.{key}" if path else key)
+            elif not _takes_null(field.spec, path):
+                self.problems.append(
+                    Problem(
+                        f"{path}.{key}" if path else key,
+                        "null: DeepSpeed needs a value here",
+                        "remove the key for DeepSpeed's default",
+                    )
+                )
         # Every value was checked on the way in (its problems collected), so attrs' validators are off for the
         # construction; it would otherwise stop at the first bad value.
         with attrs.validators.disabled():
@@ -135,13 +163,15 @@ class _Reader:
         if spec.kind == "section":
             assert spec.section is not None
             return self.section(spec.section, value, path)
-        value = coerce(spec, value)
-        message = check_value(spec, value)
+        read = coerce(spec, value)
+        message = check_value(spec, read)
         if message is not None:
             self.problems.append(Problem(path, message))
-        if spec.kind == "mapping" and isinstance(value, Mapping):
-            return dict(value)
-        return value
+        elif unusual(value, read):
+            self.coerced[path] = value
+        if spec.kind == "mapping" and isinstance(read, Mapping):
+            return dict(read)
+        return read
 
     def legacy(self, cls: type, data: Mapping[str, Any], path: str) -> Mapping[str, Any]:
         """Rewrite legacy and alias keys to the modern ones (a key given twice is an error)."""
@@ -246,13 +276,19 @@ class _Reader:
         for key, value in extra.items():
             if check_value(Spec("json"), value) is not None:
                 self.problems.append(Problem(key, f"got {describe(value)}, expected JSON values"))
+            elif key in PASSTHROUGH_SCHEMAS and isinstance(value, Mapping):
+                # Checked against its declaration, carried as written (an explicit null stays), values as read.
+                read = self.section(PASSTHROUGH_SCHEMAS[key], value, key)
+                extra[key] = {**value, **(_section(read) if read is not None else {})}
+            elif key in PASSTHROUGH_SCHEMAS:
+                self.problems.append(Problem(key, f"got {describe(value)}, expected a table"))
         config = self.section(cls, data, "")
         if self.problems:
             raise error_of(self.problems)
         assert isinstance(config, cls)
-        if extra or self.ignored:
+        if extra or self.ignored or self.coerced:
             with attrs.validators.disabled():
-                config = attrs.evolve(config, extra=extra, ignored=dict(self.ignored))
+                config = attrs.evolve(config, extra=extra, ignored=dict(self.ignored), coerced=dict(self.coerced))
         return config
 
 

@@ -5,7 +5,30 @@ Data only: nothing here reads files, converts or imports the layers above. ``dsb
 """
 
 from .builder import ConfigBase
-from .core import NOT_KEYS, PASSTHROUGH_KEYS, ConfigFields, section_classes
+from .core import (
+    NOT_KEYS,
+    PASSTHROUGH_KEYS,
+    PASSTHROUGH_SCHEMAS,
+    STRICT_SECTIONS,
+    ConfigFields,
+    in_strict_section,
+    section_classes,
+)
+from .features import (
+    Autotuning,
+    AutotuningModelInfo,
+    Compile,
+    DataEfficiency,
+    DataRouting,
+    DataSampling,
+    DynamicBatching,
+    ExpertParallel,
+    HybridEngine,
+    Pipeline,
+    ThroughputTimer,
+    Timers,
+    WeightQuantization,
+)
 from .fields import AUTO, Auto
 from .misc import (
     ActivationCheckpointing,
@@ -37,7 +60,7 @@ from .optim import (
     WarmupLRParams,
 )
 from .precision import BF16, FP16, DataTypes, TorchAutocast
-from .zero import OffloadOptimizer, OffloadParam, ZeroOptimization
+from .zero import LeafModule, OffloadOptimizer, OffloadParam, ZenFlow, ZeroOptimization
 
 __all__ = [
     "AUTO",
@@ -45,38 +68,56 @@ __all__ = [
     "FP16",
     "NOT_KEYS",
     "PASSTHROUGH_KEYS",
+    "PASSTHROUGH_SCHEMAS",
     "SCHEDULERS",
+    "STRICT_SECTIONS",
     "ActivationCheckpointing",
     "AdagradParams",
     "AdamParams",
     "Aio",
     "Auto",
+    "Autotuning",
+    "AutotuningModelInfo",
     "Checkpoint",
     "CheckpointParallelWrite",
     "CheckpointWriter",
     "Comet",
     "CommsLogger",
+    "Compile",
     "ConfigBase",
     "ConfigFields",
     "CsvMonitor",
+    "DataEfficiency",
+    "DataRouting",
+    "DataSampling",
     "DataTypes",
+    "DynamicBatching",
+    "ExpertParallel",
     "FlopsProfiler",
+    "HybridEngine",
     "LRRangeTestParams",
     "LambParams",
+    "LeafModule",
     "LionParams",
     "OffloadOptimizer",
     "OffloadParam",
     "OneCycleParams",
     "Optimizer",
+    "Pipeline",
     "Scheduler",
     "TensorBoard",
     "TensorParallel",
     "TensorParallelTP",
+    "ThroughputTimer",
+    "Timers",
     "TorchAutocast",
     "Wandb",
     "WarmupCosineLRParams",
     "WarmupDecayLRParams",
     "WarmupLRParams",
+    "WeightQuantization",
+    "ZenFlow",
     "ZeroOptimization",
+    "in_strict_section",
     "section_classes",
 ]

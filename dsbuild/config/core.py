@@ -9,6 +9,16 @@ import attrs
 
 from ..errors import InvalidValueError, Problem
 from . import fields as f
+from .features import (
+    Autotuning,
+    Compile,
+    DataEfficiency,
+    ExpertParallel,
+    HybridEngine,
+    Pipeline,
+    Timers,
+    WeightQuantization,
+)
 from .fields import Auto
 from .misc import (
     ActivationCheckpointing,
@@ -26,28 +36,40 @@ from .optim import Optimizer, Scheduler
 from .precision import BF16, FP16, DataTypes, TorchAutocast
 from .zero import ZeroOptimization
 
-__all__ = ["NOT_KEYS", "PASSTHROUGH_KEYS", "ConfigFields", "section_classes"]
+__all__ = [
+    "NOT_KEYS",
+    "PASSTHROUGH_KEYS",
+    "PASSTHROUGH_SCHEMAS",
+    "STRICT_SECTIONS",
+    "ConfigFields",
+    "in_strict_section",
+    "section_classes",
+]
 
 PASSTHROUGH_KEYS: Mapping[str, str] = {
-    "autotuning": "DeepSpeed autotuner settings",
-    "compile": "torch.compile / DeepCompile settings",
-    "pipeline": "pipeline-parallel engine settings",
-    "hybrid_engine": "RLHF hybrid engine settings",
-    "data_efficiency": "data sampling and routing (curriculum learning)",
-    "weight_quantization": "weight quantization settings",
-    "timers": "throughput timer settings",
-    "datastates_ckpt": "DataStates asynchronous checkpointing",
-    "expert_parallel": "AutoEP expert parallelism",
+    "datastates_ckpt": "DataStates asynchronous checkpointing (an open table DeepSpeed hands on as written)",
+    "expert_parallel": "AutoEP expert parallelism (an explicit null means something there)",
 }
-"""Top-level sections DeepSpeed reads that dsbuild carries as written, untyped (the long tail)."""
+"""Top-level sections DeepSpeed reads that dsbuild carries in ``Config.extra`` exactly as written."""
 
-NOT_KEYS = frozenset({"extra", "ignored", "source", "provenance"})
+PASSTHROUGH_SCHEMAS: Mapping[str, type] = {"expert_parallel": ExpertParallel}
+"""The declaration each carried section's keys and values are checked against (none for an open table)."""
+
+STRICT_SECTIONS: tuple[str, ...] = (
+    "fp16", "bf16", "zero_optimization", "tensorboard", "csv_monitor", "wandb", "comet", "tensor_parallel",
+    "comms_logger", "compile", "hybrid_engine", "weight_quantization", "timers.throughput",
+)  # fmt: skip
+"""Sections DeepSpeed reads with a pydantic model: no other keys allowed, and ``null`` only where a field is
+optional. The other sections it reads by hand, where a ``null`` reads as the key's default."""
+
+
+def in_strict_section(path: str) -> bool:
+    """Whether the dotted key ``path`` lies in one of the ``STRICT_SECTIONS``."""
+    return any(path.startswith(f"{s}.") for s in STRICT_SECTIONS)
+
+
+NOT_KEYS = frozenset({"extra", "ignored", "coerced", "source", "provenance"})
 """``ConfigFields`` attributes that are not ds_config keys."""
-
-_LOG_LEVELS = tuple(
-    spelling for level in ("debug", "info", "warning", "error", "critical") for spelling in (level, level.upper())
-)
-"""The levels DeepSpeed's ``log_level`` takes (it lower-cases the value)."""
 
 
 def _is_mapping(_inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -68,7 +90,7 @@ class ConfigFields:
 
     train_batch_size: int | Auto | None = f.int_(gt=0)
     """Global batch size per optimizer step: micro x accumulation x world size (HF ``"auto"``); derived when unset."""
-    train_micro_batch_size_per_gpu: int | Auto | None = f.int_(gt=0)
+    train_micro_batch_size_per_gpu: int | Auto | None = f.int_(gt=0, null=False)
     """Samples per device per forward/backward (HF ``"auto"``: ``per_device_train_batch_size``); derived when unset."""
     gradient_accumulation_steps: int | Auto | None = f.int_(gt=0)
     """Micro-batches accumulated per optimizer step (HF ``"auto"``); default 1 or derived."""
@@ -84,19 +106,19 @@ class ConfigFields:
     """ZeRO settings; default stage 0 (plain data parallel)."""
     gradient_clipping: float | Auto | None = f.float_(ge=0)
     """Clip gradients to this global norm (HF ``"auto"``: ``max_grad_norm``); 0 is off; default 1.0."""
-    communication_data_type: str | Auto | None = f.choice("fp32", "fp16", "bf16")
+    communication_data_type: str | Auto | None = f.choice("fp32", "fp16", "bf16", any_case=True)
     """dtype of gradient communication: ``"fp32"``, ``"fp16"`` or ``"bf16"``; default the training precision."""
-    seq_parallel_communication_data_type: str | Auto | None = f.choice("fp32", "fp16", "bf16")
+    seq_parallel_communication_data_type: str | Auto | None = f.choice("fp32", "fp16", "bf16", any_case=True)
     """dtype of sequence-parallel communication; default ``"fp32"``."""
     prescale_gradients: bool | Auto | None = f.bool_()
     """Divide gradients by the world size before all-reduce instead of after; default false."""
     gradient_predivide_factor: float | Auto | None = f.float_(gt=0)
     """Divide gradients by this factor before all-reduce, the rest after; default 1.0."""
-    gradient_allreduce_op: str | Auto | None = f.choice("mean", "sum")
+    gradient_allreduce_op: str | Auto | None = f.choice("mean", "sum", any_case=True, null=False)
     """Gradient reduction, ``"mean"`` or ``"sum"`` (``"sum"`` not at stage 3); default ``"mean"``."""
     steps_per_print: int | Auto | None = f.int_(gt=0)
     """Log progress every this many steps; default none (never)."""
-    wall_clock_breakdown: bool | Auto | None = f.bool_()
+    wall_clock_breakdown: bool | Auto | None = f.bool_(null=False)
     """Time forward, backward and step separately; default false."""
     memory_breakdown: bool | Auto | None = f.bool_()
     """Log memory use at points of the step; default false."""
@@ -112,7 +134,7 @@ class ConfigFields:
     """Let the engine manage gradient accumulation boundaries; default true."""
     vocabulary_size: int | Auto | None = f.int_(gt=0)
     """Vocabulary size, only for a tensor-core alignment warning; default none."""
-    sequence_parallel_size: int | Auto | None = f.int_(gt=0)
+    sequence_parallel_size: int | Auto | None = f.int_(gt=0, null=False)
     """Ulysses sequence-parallel degree (divides the data-parallel world size); default 1."""
     data_parallel_size: int | Auto | None = f.int_(gt=0)
     """Data-parallel degree; with ``sequence_parallel_size``, ``deepspeed.initialize`` builds a (data, sequence) mesh; default derived."""
@@ -122,7 +144,7 @@ class ConfigFields:
     """Allow an optimizer DeepSpeed has not tested with ZeRO (a client or torch optimizer); default false."""
     zero_force_ds_cpu_optimizer: bool | Auto | None = f.bool_()
     """With optimizer offload, insist on DeepSpeed's CPU optimizer; default true."""
-    log_level: str | Auto | None = f.choice(*_LOG_LEVELS)
+    log_level: str | Auto | None = f.choice("debug", "info", "warning", "error", "critical", any_case=True)
     """Level of DeepSpeed's logger (``"debug"``, ``"info"``, ``"warning"``, ``"error"``, ``"critical"``); default unchanged."""
     activation_checkpointing: ActivationCheckpointing | None = f.section(ActivationCheckpointing)
     """DeepSpeed activation checkpointing; default off."""
@@ -148,10 +170,26 @@ class ConfigFields:
     """Automatic tensor parallelism for training; default off."""
     comms_logger: CommsLogger | None = f.section(CommsLogger)
     """Communication logger; default off."""
+    compile: Compile | None = f.section(Compile)
+    """DeepCompile (``engine.compile()``); default off."""
+    pipeline: Pipeline | None = f.section(Pipeline)
+    """Pipeline-parallel engine settings; default DeepSpeed's."""
+    autotuning: Autotuning | None = f.section(Autotuning)
+    """DeepSpeed's autotuner; default off."""
+    data_efficiency: DataEfficiency | None = f.section(DataEfficiency)
+    """Curriculum learning, dynamic batching and random-LTD; default off."""
+    hybrid_engine: HybridEngine | None = f.section(HybridEngine)
+    """The RLHF hybrid engine; default off."""
+    weight_quantization: WeightQuantization | None = f.section(WeightQuantization)
+    """Quantized weights; default off."""
+    timers: Timers | None = f.section(Timers)
+    """The engine's timers; default the throughput timer, synchronized."""
     extra: Mapping[str, Any] = attrs.field(factory=dict, validator=_is_mapping, hash=False)
-    """Sections dsbuild carries as written (``autotuning``, ``compile``, ``pipeline``, ... see ``PASSTHROUGH_KEYS``)."""
+    """Sections carried as written (``PASSTHROUGH_KEYS``), and removed ones so nothing is lost (validate reports them)."""
     ignored: Mapping[str, Any] = attrs.field(factory=dict, eq=False, repr=False, hash=False)
     """Keys DeepSpeed ignores, kept by ``from_dict(strict=False)`` so ``validate()`` reports them; never written."""
+    coerced: Mapping[str, Any] = attrs.field(factory=dict, eq=False, repr=False, hash=False)
+    """Dotted key -> a file's value read as another type (``"3"`` as 3), for ``validate()`` to mention; never written."""
     source: str | None = attrs.field(default=None, eq=False, repr=False)
     """Where the values came from, for ``explain()``: ``"preset zero3"``, ``"file ds.json"``; ``None`` when built in code."""
     provenance: Mapping[str, str] = attrs.field(factory=dict, eq=False, repr=False, hash=False)

@@ -37,6 +37,7 @@ __all__ = [
     "plain_json",
     "section_class",
     "spec_of",
+    "unusual",
 ]
 
 
@@ -67,9 +68,16 @@ class Spec:
     ge: float | None = None
     gt: float | None = None
     le: float | None = None
+    lt: float | None = None
     choices: tuple[str, ...] = ()
+    """The values a ``choice`` (or each item of a ``strs``) may take."""
+    any_case: bool = False
+    """A ``choice`` DeepSpeed upper- or lower-cases before comparing: any case is read as the listed spelling."""
     auto: bool = True
     section: type | None = None
+    null: bool | None = None
+    """Whether a file's ``null`` is read as "unset" (DeepSpeed takes it as the default) or refused (DeepSpeed
+    refuses it); ``None``: as DeepSpeed reads the section (see ``core.STRICT_SECTIONS``)."""
 
 
 def describe(value: object) -> str:
@@ -93,8 +101,8 @@ def _expected(spec: Spec) -> str:
         "float": "a number",
         "bool": "true or false",
         "str": "a string",
-        "strs": "a list of strings",
-        "pair": "a list of two numbers",
+        "strs": "a list of strings" + (" from " + ", ".join(repr(c) for c in spec.choices) if spec.choices else ""),
+        "pair": "a list of two numbers" + (" each" if spec.ge is not None or spec.lt is not None else ""),
         "section": "a table",
         "mapping": "a table",
         "json": "a JSON value",
@@ -107,6 +115,8 @@ def _expected(spec: Spec) -> str:
         bounds.append(f">= {_num(spec.ge)}")
     if spec.le is not None:
         bounds.append(f"<= {_num(spec.le)}")
+    if spec.lt is not None:
+        bounds.append(f"< {_num(spec.lt)}")
     return f"{base} {' and '.join(bounds)}" if bounds else base
 
 
@@ -156,11 +166,19 @@ def check_value(spec: Spec, value: object) -> str | None:
             return "got the string 'auto', expected a string (use AUTO for \"auto\")"
         ok = isinstance(value, str)
     elif kind == "choice":
-        ok = isinstance(value, str) and value in spec.choices
+        ok = isinstance(value, str) and (
+            value in spec.choices or (spec.any_case and value.lower() in (c.lower() for c in spec.choices))
+        )
     elif kind == "strs":
-        ok = isinstance(value, tuple) and all(isinstance(x, str) for x in value)
+        ok = isinstance(value, tuple) and all(
+            isinstance(x, str) and (not spec.choices or x in spec.choices) for x in value
+        )
     elif kind == "pair":
-        ok = isinstance(value, tuple) and len(value) == 2 and all(_is_finite_number(x) or x is AUTO for x in value)
+        ok = (
+            isinstance(value, tuple)
+            and len(value) == 2
+            and all(x is AUTO or (_is_finite_number(x) and _within(spec, x)) for x in value)
+        )
     elif kind == "section":
         ok = spec.section is not None and isinstance(value, spec.section)
     elif kind == "mapping":
@@ -169,32 +187,51 @@ def check_value(spec: Spec, value: object) -> str | None:
         ok = _is_json(value)
     if not ok:
         return f"got {describe(value)}, expected {_expected(spec)}"
-    if kind in ("int", "float"):
-        x: Any = value  # compared as is: an int too large for a float is still an int
-        if (
-            (spec.gt is not None and not x > spec.gt)
-            or (spec.ge is not None and not x >= spec.ge)
-            or (spec.le is not None and not x <= spec.le)
-        ):
-            return f"got {describe(value)}, expected {_expected(spec)}"
+    if kind in ("int", "float") and not _within(spec, value):
+        return f"got {describe(value)}, expected {_expected(spec)}"
     return None
 
 
-_SCIENTIFIC = re.compile(r"[-+]?\d+(\.\d*)?[eE][-+]?\d+")
-"""``5e8``, ``1.0e+9``: how YAML (which reads them as text) and hand-written files give big numbers."""
+def _within(spec: Spec, x: Any) -> bool:
+    """Whether the number ``x`` lies within the bounds of ``spec`` (compared as is: a huge int stays an int)."""
+    return not (
+        (spec.gt is not None and not x > spec.gt)
+        or (spec.ge is not None and not x >= spec.ge)
+        or (spec.le is not None and not x <= spec.le)
+        or (spec.lt is not None and not x < spec.lt)
+    )
 
 
-def _number_text(value: str) -> float | None:
-    return float(value) if _SCIENTIFIC.fullmatch(value.strip()) else None
+_NUMBER = re.compile(r"[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?")
+"""A number written as text: ``"3"``, ``"0.5"``, ``"5e8"`` (YAML reads ``5e8`` as text; DeepSpeed's pydantic
+sections read ``"3"`` as 3)."""
+
+_BOOLEAN_TEXT: Final = {"true": True, "false": False}
+"""Booleans written as text, in any case (DeepSpeed's pydantic sections read them so)."""
+
+
+def _number_text(value: str) -> float | int | None:
+    text = value.strip()
+    if not _NUMBER.fullmatch(text):
+        return None
+    number = float(text)
+    if not math.isfinite(number):
+        return None
+    if "." not in text and "e" not in text.lower():
+        return int(text)  # exact, however large
+    return number
 
 
 def coerce(spec: Spec, value: Any) -> Any:
     """``value`` as field ``spec`` holds it: the one reading policy of the builder, files, ``Training`` and jobs.
 
-    ``"auto"`` is ``AUTO`` where the field allows it; an integral float (``5e8``, ``8.0``) or a
-    number in scientific notation given as text (``"5e8"``) is the integer an integer field needs;
-    lists become tuples for list and pair fields (``"auto"`` inside a pair too). Anything else is returned as given, for
-    ``check_value`` to judge.
+    What DeepSpeed accepts is accepted: ``"auto"`` is ``AUTO`` where the field allows it; an
+    integral float (``5e8``, ``8.0``) is the integer an integer field needs; a number written as
+    text (``"3"``, ``"5e8"``) is that number; ``"true"``/``"false"`` (any case) and ``0``/``1`` are a
+    boolean; a choice DeepSpeed compares in any case (``"Warn"``) is read as its listed spelling;
+    lists become tuples for list and pair fields (``"auto"`` inside a pair too). Anything else is
+    returned as given, for ``check_value`` to judge. ``unusual`` says which of these a file should
+    be told about.
     """
     if isinstance(value, str) and value == "auto":
         # A string field without "auto" may hold the word itself (a job's dtype = "auto"); elsewhere it is AUTO,
@@ -206,19 +243,49 @@ def coerce(spec: Spec, value: Any) -> Any:
             return int(value)
         if isinstance(value, str):
             number = _number_text(value)
-            return int(number) if number is not None and number.is_integer() else value
+            if number is not None and float(number).is_integer():
+                return int(number)
     elif kind == "float":
         if isinstance(value, str):
             number = _number_text(value)
             return number if number is not None else value
+    elif kind == "bool":
+        if isinstance(value, str):
+            return _BOOLEAN_TEXT.get(value.strip().lower(), value)
+        if isinstance(value, int) and not isinstance(value, bool) and value in (0, 1):
+            return bool(value)
+    elif kind == "choice":
+        if spec.any_case and isinstance(value, str):
+            return next((c for c in spec.choices if c.lower() == value.lower()), value)
     elif kind == "strs":
         if isinstance(value, list):
             return tuple(value)  # a module pattern "auto" is a name like any other
     elif kind == "pair":
         if isinstance(value, list):
             items = [AUTO if isinstance(x, str) and x == "auto" else x for x in value]
-            return tuple(_number_text(x) or x if isinstance(x, str) else x for x in items)
+            return tuple(_text_number(x) for x in items)
     return value
+
+
+def _text_number(value: Any) -> Any:
+    if isinstance(value, str):
+        number = _number_text(value)
+        return value if number is None else number
+    return value
+
+
+def unusual(original: Any, read: Any) -> bool:
+    """Whether a file's value was read as another type (``"3"`` as 3, ``"true"`` or ``1`` as true): worth a warning.
+
+    ``5e8`` for an integer and ``"Warn"`` for ``"WARN"`` are usual and say nothing.
+    """
+    if read is AUTO or original is read:
+        return False
+    if isinstance(original, str):
+        return not isinstance(read, str)
+    if isinstance(original, list):
+        return any(unusual(a, b) for a, b in zip(original, read, strict=False))
+    return isinstance(read, bool) and not isinstance(original, bool)
 
 
 def _validator(spec: Spec) -> Callable[[Any, attrs.Attribute[Any], Any], None]:
@@ -268,44 +335,59 @@ def _field_options(spec: Spec) -> dict[str, Any]:
     }
 
 
-def int_(*, ge: float | None = None, gt: float | None = None, le: float | None = None, auto: bool = True) -> Any:
+def int_(
+    *,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    auto: bool = True,
+    null: bool | None = None,
+) -> Any:
     """An integer field (``5e8`` in a file is read as ``500000000``)."""
-    return _field(Spec("int", ge=ge, gt=gt, le=le, auto=auto))
+    return _field(Spec("int", ge=ge, gt=gt, le=le, auto=auto, null=null))
 
 
-def float_(*, ge: float | None = None, gt: float | None = None, le: float | None = None, auto: bool = True) -> Any:
+def float_(
+    *,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+    auto: bool = True,
+    null: bool | None = None,
+) -> Any:
     """A number field (integers are kept as written)."""
-    return _field(Spec("float", ge=ge, gt=gt, le=le, auto=auto))
+    return _field(Spec("float", ge=ge, gt=gt, le=le, lt=lt, auto=auto, null=null))
 
 
-def bool_(*, auto: bool = True) -> Any:
-    """A true/false field; nothing else is taken for a boolean."""
-    return _field(Spec("bool", auto=auto))
+def bool_(*, auto: bool = True, null: bool | None = None) -> Any:
+    """A true/false field (``"true"``, ``"false"``, ``1`` and ``0`` read as DeepSpeed reads them)."""
+    return _field(Spec("bool", auto=auto, null=null))
 
 
-def str_(*, auto: bool = True) -> Any:
+def str_(*, auto: bool = True, null: bool | None = None) -> Any:
     """A string field."""
-    return _field(Spec("str", auto=auto))
+    return _field(Spec("str", auto=auto, null=null))
 
 
-def choice(*choices: str, auto: bool = True) -> Any:
-    """A string field with a fixed set of values."""
-    return _field(Spec("choice", choices=choices, auto=auto))
+def choice(*choices: str, auto: bool = True, any_case: bool = False, null: bool | None = None) -> Any:
+    """A string field with a fixed set of values (``any_case``: DeepSpeed compares them in any case)."""
+    return _field(Spec("choice", choices=choices, auto=auto, any_case=any_case, null=null))
 
 
-def strs(*, auto: bool = False) -> Any:
-    """A list of strings (held as a tuple)."""
-    return _field(Spec("strs", auto=auto))
+def strs(*, choices: tuple[str, ...] = (), auto: bool = False, null: bool | None = None) -> Any:
+    """A list of strings (held as a tuple), each one of ``choices`` when given."""
+    return _field(Spec("strs", choices=choices, auto=auto, null=null))
 
 
-def pair() -> Any:
-    """Two numbers, e.g. Adam's ``betas`` (held as a tuple, written as a list)."""
-    return _field(Spec("pair"))
+def pair(*, ge: float | None = None, lt: float | None = None) -> Any:
+    """Two numbers, e.g. Adam's ``betas`` (held as a tuple, written as a list), each within the bounds."""
+    return _field(Spec("pair", ge=ge, lt=lt))
 
 
-def section(cls: type, *, key: str | None = None) -> Any:
+def section(cls: type, *, key: str | None = None, null: bool | None = None) -> Any:
     """A nested section (a table in the file), written under ``key`` when the attribute name differs."""
-    return _field(Spec("section", section=cls, auto=False), alias=key)
+    return _field(Spec("section", section=cls, auto=False, null=null), alias=key)
 
 
 def section_options(cls: type) -> dict[str, Any]:
@@ -317,9 +399,9 @@ def section_options(cls: type) -> dict[str, Any]:
     return _field_options(Spec("section", section=cls, auto=False))
 
 
-def mapping() -> Any:
+def mapping(*, null: bool | None = None) -> Any:
     """A free table of JSON values, passed to DeepSpeed as written."""
-    return _field(Spec("mapping", auto=False))
+    return _field(Spec("mapping", auto=False, null=null))
 
 
 def short_repr(self: Any) -> str:
@@ -327,7 +409,11 @@ def short_repr(self: Any) -> str:
     parts = []
     for a in attrs.fields(type(self)):
         value = getattr(self, a.name)
-        if value is None or a.name in ("ignored", "source", "provenance") or (a.name == "extra" and not value):
+        if (
+            value is None
+            or a.name in ("ignored", "coerced", "source", "provenance")
+            or (a.name == "extra" and not value)
+        ):
             continue
         parts.append(f"{a.alias or a.name}={value!r}")
     return f"{type(self).__name__}({', '.join(parts)})"

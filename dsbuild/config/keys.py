@@ -39,6 +39,13 @@ UNKNOWN_KEY_HINTS: dict[tuple[str, str], str] = {
         "monitor_config",
     ): "DeepSpeed ignores it: monitors are the top-level tensorboard, wandb, csv_monitor and comet sections",
     ("Config", "comms_config"): "DeepSpeed ignores it: communication logging is the top-level comms_logger section",
+    ("TensorParallel", "dtype"): (
+        "DeepSpeed 0.19 takes only a torch.dtype object here, which no file can hold; remove it: "
+        "bf16 or fp16 sets the precision"
+    ),
+    ("Compile", "disable"): "DeepSpeed 0.19 has no compile.disable: remove the compile section to not compile",
+    ("Compile", "backend"): "DeepSpeed 0.19 has no compile.backend: the backend is an argument of engine.compile()",
+    ("Compile", "enabled"): "DeepSpeed 0.19 has no compile.enabled: set deepcompile, or call engine.compile()",
 }
 """What to do about a key a section does not take, where a suggestion by spelling would mislead (by section class
 name; ``"Config"`` for the top level)."""

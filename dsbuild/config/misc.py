@@ -73,9 +73,9 @@ class Wandb:
 
     enabled: bool | Auto | None = f.bool_()
     """Log training metrics to W&B; default false."""
-    group: str | Auto | None = f.str_()
+    group: str | Auto | None = f.str_(null=True)
     """W&B group name; default none."""
-    team: str | Auto | None = f.str_()
+    team: str | Auto | None = f.str_(null=True)
     """W&B team (entity); default none."""
     project: str | Auto | None = f.str_()
     """W&B project; default ``"deepspeed"``."""
@@ -89,19 +89,19 @@ class Comet:
     """Log training metrics to Comet; default false."""
     samples_log_interval: int | Auto | None = f.int_(ge=0)
     """Log every this many samples; default 100."""
-    project: str | Auto | None = f.str_()
+    project: str | Auto | None = f.str_(null=True)
     """Comet project; default from the Comet config or ``COMET_PROJECT_NAME``."""
-    workspace: str | Auto | None = f.str_()
+    workspace: str | Auto | None = f.str_(null=True)
     """Comet workspace; default from the Comet config or ``COMET_WORKSPACE``."""
-    api_key: str | Auto | None = f.str_()
+    api_key: str | Auto | None = f.str_(null=True)
     """Comet API key; default from the Comet config or ``COMET_API_KEY``."""
-    experiment_name: str | Auto | None = f.str_()
+    experiment_name: str | Auto | None = f.str_(null=True)
     """Name of the Comet experiment; default generated."""
-    experiment_key: str | Auto | None = f.str_()
+    experiment_key: str | Auto | None = f.str_(null=True)
     """Key (32-50 alphanumerics) of an experiment to continue; default none."""
-    online: bool | Auto | None = f.bool_()
+    online: bool | Auto | None = f.bool_(null=True)
     """Log to the Comet server (else offline); default true."""
-    mode: str | Auto | None = f.choice("get", "create", "get_or_create")
+    mode: str | Auto | None = f.choice("get", "create", "get_or_create", null=True)
     """``"get"``, ``"create"`` or ``"get_or_create"`` an experiment; default ``"get_or_create"``."""
 
 
@@ -109,7 +109,7 @@ class Comet:
 class FlopsProfiler:
     """``flops_profiler``: profile FLOPs, latency and parameters of one step."""
 
-    enabled: bool | Auto | None = f.bool_()
+    enabled: bool | Auto | None = f.bool_(null=False)
     """Run the flops profiler (also turns on ``wall_clock_breakdown``); default false."""
     recompute_fwd_factor: float | Auto | None = f.float_(ge=0)
     """Extra forward passes from activation recomputation (1.0 with full checkpointing); default 0."""
@@ -129,7 +129,7 @@ class FlopsProfiler:
 class CheckpointWriter:
     """``checkpoint.writer``: how checkpoint files are written."""
 
-    type: str | Auto | None = f.choice("MOCK", "PYTHON", "FAST", "mock", "python", "fast")
+    type: str | Auto | None = f.choice("FAST", "PYTHON", "MOCK", any_case=True)
     """Writer implementation, ``"FAST"``, ``"PYTHON"`` or ``"MOCK"``; default ``"FAST"``."""
     io_buffer_size: int | Auto | None = f.int_(gt=0)
     """I/O buffer size in bytes of the fast writer; default 64 MiB."""
@@ -139,8 +139,8 @@ class CheckpointWriter:
     """I/O multiplier of the fast writer; default 1."""
     show_statistics: bool | Auto | None = f.bool_()
     """Print I/O statistics of the writer; default false."""
-    data_parallel: str | Auto | None = f.choice("SOCKET", "MACHINE", "socket", "machine")
-    """Unit of data-parallel writing, ``"SOCKET"`` or ``"MACHINE"``; default none (rank 0 writes)."""
+    data_parallel: str | Auto | None = f.choice("REPLICA", "SOCKET", "MACHINE", any_case=True)
+    """Unit of data-parallel writing, ``"REPLICA"``, ``"SOCKET"`` or ``"MACHINE"``; default none (rank 0 writes)."""
     decoupled: bool | Auto | None = f.bool_()
     """Write checkpoints decoupled from training; default false."""
 
@@ -149,7 +149,7 @@ class CheckpointWriter:
 class CheckpointParallelWrite:
     """``checkpoint.parallel_write``: parallel checkpoint writing for pipeline parallelism."""
 
-    pipeline_stage: bool | Auto | None = f.bool_()
+    pipeline_stage: bool | Auto | None = f.bool_(null=False)
     """Each pipeline stage writes its own part; default false."""
 
 
@@ -157,9 +157,7 @@ class CheckpointParallelWrite:
 class Checkpoint:
     """``checkpoint``: checkpoint saving and loading."""
 
-    tag_validation: str | Auto | None = f.choice(
-        "Warn", "Ignore", "Fail", "WARN", "IGNORE", "FAIL", "warn", "ignore", "fail"
-    )
+    tag_validation: str | Auto | None = f.choice("Warn", "Ignore", "Fail", any_case=True, null=False)
     """Check that all ranks save the same tag: ``"Warn"``, ``"Ignore"`` or ``"Fail"``; default ``"Warn"``."""
     load_universal: bool | Auto | None = f.bool_()
     """Load a universal checkpoint (any parallelism); default false."""
@@ -207,19 +205,17 @@ class TensorParallel:
 
     autotp_size: int | Auto | None = f.int_(ge=0)
     """AutoTP degree for training (0: off); default 0."""
-    dtype: str | Auto | None = f.str_()
-    """Model dtype under AutoTP, e.g. ``"bf16"``; default fp16."""
     tp_overlap_comm: bool | Auto | None = f.bool_()
     """Overlap tensor-parallel communication with compute; default false."""
-    vocab_parallel_lm_head: bool | Auto | None = f.bool_()
+    vocab_parallel_lm_head: bool | Auto | None = f.bool_(null=True)
     """Partition the lm_head over the vocabulary; default chosen by DeepSpeed."""
     vocab_parallel_ce_backend: str | Auto | None = f.choice("torch", "liger")
     """Cross-entropy backend for a vocab-parallel head; default ``"torch"``."""
     tp: TensorParallelTP | None = f.section(TensorParallelTP)
     """The tensor-parallel group (legacy name ``tensor_parallel``); default tp_size 1."""
-    partition_config: Mapping[str, Any] | None = f.mapping()
+    partition_config: Mapping[str, Any] | None = f.mapping(null=True)
     """Custom AutoTP layer partitioning rules (``layer_specs``), passed as written; default none."""
-    preset_model: str | Auto | None = f.str_()
+    preset_model: str | Auto | None = f.str_(null=True)
     """Built-in AutoTP preset, e.g. ``"llama"``, ``"qwen2"``; default none."""
     keep_module_on_host: bool | Auto | None = f.bool_()
     """Keep loaded checkpoint tensors on the host; default false."""

@@ -38,7 +38,7 @@ class AdamParams:
 
     lr: float | Auto | None = f.float_(ge=0)
     """Learning rate (HF ``"auto"``: ``learning_rate``); default 1e-3."""
-    betas: tuple[float, float] | Auto | None = f.pair()
+    betas: tuple[float, float] | Auto | None = f.pair(ge=0, lt=1)
     """Coefficients of the running averages, written as a list (HF ``"auto"``: ``[adam_beta1, adam_beta2]``); default [0.9, 0.999]."""
     eps: float | Auto | None = f.float_(ge=0)
     """Term added to the denominator (HF ``"auto"``: ``adam_epsilon``); default 1e-8."""
@@ -47,7 +47,7 @@ class AdamParams:
     bias_correction: bool | Auto | None = f.bool_()
     """Apply Adam's bias correction; default true."""
     amsgrad: bool | Auto | None = f.bool_()
-    """Use the AMSGrad variant (torch Adam and CPU Adam only); default false."""
+    """Use the AMSGrad variant (torch's Adam only: ``torch_adam = true``); default false."""
     torch_adam: bool | Auto | None = f.bool_()
     """Use ``torch.optim.Adam``/``AdamW`` instead of DeepSpeed's fused or CPU Adam; default false."""
     adam_w_mode: bool | Auto | None = f.bool_()
@@ -64,7 +64,7 @@ class LambParams:
     """Learning rate (HF ``"auto"``: ``learning_rate``); default 1e-3."""
     bias_correction: bool | Auto | None = f.bool_()
     """Apply bias correction; default true."""
-    betas: tuple[float, float] | Auto | None = f.pair()
+    betas: tuple[float, float] | Auto | None = f.pair(ge=0, lt=1)
     """Coefficients of the running averages (HF ``"auto"``: ``[adam_beta1, adam_beta2]``); default [0.9, 0.999]."""
     eps: float | Auto | None = f.float_(ge=0)
     """Term added to the denominator (HF ``"auto"``: ``adam_epsilon``); default 1e-8."""
@@ -88,7 +88,7 @@ class LionParams:
 
     lr: float | Auto | None = f.float_(ge=0)
     """Learning rate (HF ``"auto"``: ``learning_rate``); default 1e-3."""
-    betas: tuple[float, float] | Auto | None = f.pair()
+    betas: tuple[float, float] | Auto | None = f.pair(ge=0, lt=1)
     """Coefficients of the update and running average (HF ``"auto"``: ``[adam_beta1, adam_beta2]``); default [0.9, 0.999]."""
     weight_decay: float | Auto | None = f.float_(ge=0)
     """Weight decay (HF ``"auto"``: ``weight_decay``); default 0."""

@@ -32,8 +32,8 @@ class FP16:
     """Cast the model's floating-point inputs to fp16; default false."""
     loss_scale: float | Auto | None = f.float_(ge=0)
     """Static loss scale; 0 selects dynamic loss scaling; default 0."""
-    initial_scale_power: int | Auto | None = f.int_()
-    """Dynamic loss scaling starts at 2**initial_scale_power; default 16."""
+    initial_scale_power: int | Auto | None = f.int_(le=1023)
+    """Dynamic loss scaling starts at 2**initial_scale_power (above 1023 the scale is no float: the first step fails); default 16."""
     loss_scale_window: int | Auto | None = f.int_()
     """Steps between raising/lowering the dynamic loss scale (> 0 when dynamic); default 1000."""
     hysteresis: int | Auto | None = f.int_()
@@ -68,9 +68,9 @@ class TorchAutocast:
 
     enabled: bool | Auto | None = f.bool_()
     """Enable torch autocast for the forward pass; default false."""
-    dtype: str | Auto | None = f.choice(*_DTYPES)
+    dtype: str | Auto | None = f.choice(*_DTYPES, null=False)
     """Lower-precision dtype for autocast, e.g. ``"bfloat16"``; default the accelerator's autocast dtype."""
-    lower_precision_safe_modules: tuple[str, ...] | None = f.strs()
+    lower_precision_safe_modules: tuple[str, ...] | None = f.strs(null=False)
     """Module classes (``"torch.nn.Linear"``) whose parameters may be held in the lower precision; default all linear."""
 
 
@@ -84,5 +84,5 @@ class DataTypes:
     """dtype the parameters are cast to; default the training precision."""
     buffer_dtype: str | Auto | None = f.choice("fp32", "fp16", "bf16")
     """dtype module buffers are cast to; default: kept as loaded."""
-    keep_in_fp32_modules: tuple[str, ...] | Auto | None = f.strs(auto=True)
+    keep_in_fp32_modules: tuple[str, ...] | Auto | None = f.strs(auto=True, null=False)
     """Name patterns of modules whose buffers stay fp32 under bf16/fp16; DeepSpeed's own ``"auto"`` picks them; default ``"auto"``."""

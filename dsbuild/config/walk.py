@@ -12,8 +12,17 @@ from .fields import AUTO, key_of
 
 __all__ = ["DEEPSPEED_AUTOS", "auto_paths", "leaves"]
 
-DEEPSPEED_AUTOS: Final = frozenset({"data_types.keep_in_fp32_modules"})
-"""Keys whose ``"auto"`` DeepSpeed itself understands (it picks the modules): kept as written, never reported."""
+DEEPSPEED_AUTOS: Final = frozenset(
+    {
+        "data_types.keep_in_fp32_modules",
+        "zero_optimization.zenflow.select_strategy",
+        "zero_optimization.zenflow.select_interval",
+        "zero_optimization.zenflow.update_interval",
+        "pipeline.stages",
+    }
+)
+"""Keys whose ``"auto"`` DeepSpeed itself understands (it picks the modules, the interval, the stages): kept as
+written, never reported."""
 
 
 def auto_paths(obj: Any, prefix: str = "") -> list[str]:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Literal
 
 from . import fields as f
 from .fields import Auto
 
-__all__ = ["OffloadOptimizer", "OffloadParam", "ZeroOptimization"]
+__all__ = ["LeafModule", "OffloadOptimizer", "OffloadParam", "ZenFlow", "ZeroOptimization"]
 
 OffloadDevice = Literal["none", "cpu", "nvme"]
 
@@ -19,7 +18,7 @@ class OffloadOptimizer:
 
     device: OffloadDevice | Auto | None = f.choice("none", "cpu", "nvme")
     """Where optimizer states live: ``"cpu"`` or ``"nvme"`` (the step then runs on CPU); default ``"none"``."""
-    nvme_path: str | Auto | None = f.str_()
+    nvme_path: str | Auto | None = f.str_(null=True)
     """Directory on the NVMe device for optimizer states; required when ``device = "nvme"``; default none."""
     buffer_count: int | Auto | None = f.int_(ge=0)
     """Buffers in the NVMe swap pool; at least the optimizer's states per parameter (Adam: 4); default 4."""
@@ -45,7 +44,7 @@ class OffloadParam:
 
     device: OffloadDevice | Auto | None = f.choice("none", "cpu", "nvme")
     """Where parameters live between uses: ``"cpu"`` or ``"nvme"``; ignored below stage 3; default ``"none"``."""
-    nvme_path: str | Auto | None = f.str_()
+    nvme_path: str | Auto | None = f.str_(null=True)
     """Directory on the NVMe device for parameters; required when ``device = "nvme"``; default none."""
     buffer_count: int | Auto | None = f.int_(ge=0)
     """Buffers in the NVMe parameter swap pool; default 5."""
@@ -55,6 +54,45 @@ class OffloadParam:
     """Parameter elements kept in CPU memory when offloading to NVMe; default 1e9."""
     pin_memory: bool | Auto | None = f.bool_()
     """Offload to page-locked CPU memory; default true."""
+
+
+@f.section_class
+class ZenFlow:
+    """``zero_optimization.zenflow``: ZenFlow, stall-free offloaded training (important gradients on the GPU,
+    the rest applied by the CPU optimizer in the background)."""
+
+    topk_ratio: float | Auto | None = f.float_(gt=0, lt=1)
+    """Share of gradient columns updated on the GPU each step (between 0 and 1); default 0.1."""
+    select_strategy: str | Auto | None = f.choice("step", "epoch")
+    """When the important columns are chosen again: ``"step"``, ``"epoch"``; default ``"auto"``."""
+    select_interval: int | Auto | None = f.int_(gt=0)
+    """Steps or epochs between selections; default ``"auto"``."""
+    update_interval: int | Auto | None = f.int_(ge=1)
+    """Steps between applications of the accumulated unimportant gradients; default ``"auto"``."""
+    overlap_step: bool | Auto | None = f.bool_()
+    """Overlap the CPU optimizer step with forward/backward; default false."""
+    offload: bool | Auto | None = f.bool_()
+    """Offload the selective optimizer states to CPU; default false."""
+    auto_ratio: float | Auto | None = f.float_(ge=0, le=1)
+    """Threshold of the ``"auto"`` update interval; default 0.99."""
+    full_warm_up_rounds: int | Auto | None = f.int_(ge=0)
+    """Rounds at the start in which all gradients are applied; default 0."""
+    pt_reserved_cores_perc: float | Auto | None = f.float_(ge=0, le=1)
+    """Share of CPU cores kept for PyTorch threads (the rest run ZenFlow's workers); default 0.5."""
+    steps_per_epoch: int | Auto | None = f.int_(gt=0, null=True)
+    """Steps per epoch; set by DeepSpeed while training, not by users; default none."""
+
+
+@f.section_class
+class LeafModule:
+    """``zero_optimization.leaf_module``: modules ZeRO-3 fetches as one unit (mixture-of-experts blocks)."""
+
+    classes: tuple[str, ...] | None = f.strs()
+    """Class names (short or dotted) of leaf modules; replaces DeepSpeed's default (Mixtral, Qwen2/3 MoE blocks)."""
+    names: tuple[str, ...] | None = f.strs()
+    """Module names (as ``named_modules`` gives them) of leaf modules; default none."""
+    name_suffixes: tuple[str, ...] | None = f.strs()
+    """Module name suffixes of leaf modules; default none."""
 
 
 @f.section_class
@@ -75,7 +113,7 @@ class ZeroOptimization:
     """All-gather updated partitions (instead of a series of broadcasts) after each step; default true."""
     allgather_bucket_size: int | Auto | None = f.int_(ge=0)
     """Elements all-gathered at a time (stages 1-2); default 5e8."""
-    overlap_comm: bool | Auto | None = f.bool_()
+    overlap_comm: bool | Auto | None = f.bool_(null=True)
     """Overlap gradient reduction with the backward pass; default true at stage 3, false below."""
     compute_grad_norm: bool | Auto | None = f.bool_()
     """Compute the global gradient norm at stages 1-2 (false only without clipping); default true."""
@@ -83,12 +121,12 @@ class ZeroOptimization:
     """Initialize fp32 master weights from the checkpoint's fp32 copies; default true."""
     elastic_checkpoint: bool | Auto | None = f.bool_()
     """Legacy elastic checkpoints (not supported at stage 3; use universal checkpoints); default false."""
-    offload_optimizer: OffloadOptimizer | None = f.section(OffloadOptimizer)
+    offload_optimizer: OffloadOptimizer | None = f.section(OffloadOptimizer, null=True)
     """Optimizer states to CPU or NVMe (stages 1-3); default none."""
-    offload_param: OffloadParam | None = f.section(OffloadParam)
+    offload_param: OffloadParam | None = f.section(OffloadParam, null=True)
     """Parameters to CPU or NVMe (stage 3 only, silently ignored below); default none."""
-    zenflow: Mapping[str, Any] | None = f.mapping()
-    """ZenFlow settings for stall-free offloaded training, passed to DeepSpeed as written; default off."""
+    zenflow: ZenFlow | None = f.section(ZenFlow, null=True)
+    """ZenFlow: stall-free offloaded training; default off."""
     sub_group_size: int | Auto | None = f.int_(ge=0)
     """Tile size (elements) of the optimizer step for ZeRO-3 offload / ZeRO-Infinity; default 1e9."""
     stage3_prefetch_bucket_size: int | Auto | None = f.int_(ge=0)
@@ -137,5 +175,5 @@ class ZeroOptimization:
     """Run DeepSpeed's internal sanity checks (debugging); default false."""
     save_muon_momentum_buffer_in_memory: bool | Auto | None = f.bool_()
     """Keep the Muon momentum buffer in memory instead of NVMe (stage 3); default false."""
-    leaf_module: Mapping[str, Any] | None = f.mapping()
-    """Modules treated as ZeRO-3 leaf modules, passed to DeepSpeed as written; default none."""
+    leaf_module: LeafModule | None = f.section(LeafModule, null=True)
+    """Modules ZeRO-3 fetches as one unit; default DeepSpeed's list of MoE blocks."""

@@ -32,8 +32,8 @@ an HF-style preset, an ``"auto"`` is judged by who will fill it:
   are a warning, since the config then does not say what runs; any other is an
   error (Accelerate stops on it with "not found in kwargs").
 
-A missing batch size is an error only with ``resolved=True``; before that it is
-a warning (``resolve()`` may still be given the training arguments).
+A missing batch size is an error (DeepSpeed asserts that one is given), except
+for ``target="hf"`` before resolution, where it is a warning.
 
 Rules that depend on the installed DeepSpeed (features it removed) read its
 version with ``importlib.metadata``, never by importing it; without DeepSpeed

@@ -13,7 +13,8 @@ __all__ = ["batch_triangle"]
 
 @rule("batch-size")
 def batch(f: Facts) -> Iterator[Diagnostic]:
-    """Batch sizes: neither ``train_batch_size`` nor the micro batch set (DeepSpeed asserts), or a batch triangle
+    """Batch sizes: neither ``train_batch_size`` nor the micro batch set (DeepSpeed asserts; a warning only for the
+    HF Trainer before resolution), or a batch triangle
     that does not divide at the given world size (also: no world size fits it at all)."""
     c = f.config
     train, micro, accum = c.train_batch_size, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps
@@ -22,10 +23,11 @@ def batch(f: Facts) -> Iterator[Diagnostic]:
             "neither train_batch_size nor train_micro_batch_size_per_gpu is set: DeepSpeed stops with an AssertionError"
         )
         hint = 'set train_micro_batch_size_per_gpu (.batch(micro=...)), or "auto" for resolve() / the HF Trainer'
+        # For the HF Trainer the training arguments may still be written in; DeepSpeed itself needs one.
         yield (
-            f.error("train_micro_batch_size_per_gpu", message, hint)
-            if f.resolved
-            else f.warning("train_micro_batch_size_per_gpu", message, hint)
+            f.warning("train_micro_batch_size_per_gpu", message, hint)
+            if f.target == "hf" and not f.resolved
+            else f.error("train_micro_batch_size_per_gpu", message, hint)
         )
         return
     if train is AUTO or micro is AUTO or accum is AUTO:

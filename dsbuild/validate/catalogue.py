@@ -19,8 +19,8 @@ __all__ = [
     "REMOVALS_SINCE",
     "REMOVED_ZERO_KEYS",
     "REQUIRED_PARAMS",
+    "SCHEDULERS_IN_CODE",
     "STAGE3_ONLY",
-    "STRICT_SECTIONS",
     "TORCH_OPTIMIZERS",
     "TORCH_SCHEDULERS",
     "WARMUP_STEPS_POSITIVE_SINCE",
@@ -60,11 +60,6 @@ REMOVALS_SINCE: Final = (0, 19, 8)
 WARMUP_STEPS_POSITIVE_SINCE: Final = (0, 19, 6)
 """DeepSpeed refuses ``warmup_num_steps: 0`` from here on (older versions clamped it)."""
 
-STRICT_SECTIONS: Final = (
-    "fp16", "bf16", "zero_optimization", "tensorboard", "csv_monitor", "wandb", "comet", "tensor_parallel",
-    "comms_logger",
-)  # fmt: skip
-
 REMOVED_ZERO_KEYS: Final = ("mics_shard_size", "mics_hierarchical_params_gather", "zeropp_loco_param")
 
 STAGE3_ONLY: Final = (
@@ -83,5 +78,15 @@ FUSED: Final = {"adam": "FusedAdam", "adamw": "FusedAdam", "lamb": "FusedLamb"}
 REQUIRED_PARAMS: Final[Mapping[str, tuple[str, ...]]] = {
     "WarmupDecayLR": ("total_num_steps",), "WarmupCosineLR": ("total_num_steps",),
     "OneCycle": ("cycle_min_lr", "cycle_max_lr"),
+    # torch.optim.lr_scheduler (torch 2.13; tests/unit/test_validate.py checks them against the installed torch)
+    "CosineAnnealingLR": ("T_max",), "CosineAnnealingWarmRestarts": ("T_0",), "CyclicLR": ("base_lr", "max_lr"),
+    "ExponentialLR": ("gamma",), "MultiStepLR": ("milestones",), "OneCycleLR": ("max_lr",), "StepLR": ("step_size",),
 }  # fmt: skip
-"""Params a DeepSpeed scheduler cannot do without (its constructor has no default for them)."""
+"""Params a scheduler cannot do without (its constructor has no default for them): DeepSpeed's and torch's."""
+
+SCHEDULERS_IN_CODE: Final[Mapping[str, str]] = {
+    "ChainedScheduler": "schedulers", "LambdaLR": "lr_lambda", "MultiplicativeLR": "lr_lambda",
+    "SequentialLR": "schedulers",
+}  # fmt: skip
+"""torch schedulers whose required argument is a Python object (schedulers, a function): no config file can
+hold one."""

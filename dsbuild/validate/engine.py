@@ -17,6 +17,7 @@ from .catalogue import (
     FUSED,
     ONE_BIT_OPTIMIZERS,
     REQUIRED_PARAMS,
+    SCHEDULERS_IN_CODE,
     TORCH_OPTIMIZERS,
     TORCH_SCHEDULERS,
     WARMUP_STEPS_POSITIVE_SINCE,
@@ -66,11 +67,12 @@ def optimizer_params(f: Facts) -> Iterator[Diagnostic]:
             "remove it",
         )
     fused = FUSED.get(f.opt_ds or "")
-    if fused and (f.opt_ds == "lamb" or (not f.cpu_optimizer and not torch_adam)) and param(params, "amsgrad") is True:
+    if fused and (f.opt_ds == "lamb" or not torch_adam) and param(params, "amsgrad") is True:
+        built = "DeepSpeedCPUAdam" if f.cpu_optimizer and f.opt_ds != "lamb" else fused
         yield f.error(
             "optimizer.params.amsgrad",
-            f"DeepSpeed's {fused} does not support AMSGrad",
-            "remove amsgrad" + (" (CPU Adam, with offload_optimizer, supports it)" if fused == "FusedAdam" else ""),
+            f"DeepSpeed's {built} does not support AMSGrad",
+            "remove amsgrad" + (", or set torch_adam = true (torch's Adam supports it)" if f.opt_ds != "lamb" else ""),
         )
     if f.opt_ds == "adagrad" and not f.cpu_optimizer:
         for key in ("amsgrad", "fp32_optimizer_states"):
@@ -246,6 +248,13 @@ def scheduler(f: Facts) -> Iterator[Diagnostic]:
         )
         yield f.error("scheduler.type", f"DeepSpeed does not know scheduler {name!r}", hint)
         return
+    if name in SCHEDULERS_IN_CODE:
+        yield f.error(
+            "scheduler.type",
+            f"{name} needs {SCHEDULERS_IN_CODE[name]} (Python objects), which a config file cannot hold",
+            "build the scheduler in code and pass it as lr_scheduler to Session / deepspeed.initialize",
+        )
+        return
     params = scheduler.params
     typed = scheduler_params_class(name)
     if typed is not None and is_table(params):
@@ -281,6 +290,16 @@ def scheduler(f: Facts) -> Iterator[Diagnostic]:
                 f"{total} is less than warmup_num_steps {warmup}{default}: the schedule never leaves warmup",
                 "lower warmup_num_steps or raise total_num_steps",
             )
+    if (
+        name == "OneCycleLR"
+        and param(params, "total_steps") is None
+        and (param(params, "epochs") is None or param(params, "steps_per_epoch") is None)
+    ):
+        yield f.error(
+            "scheduler.params.total_steps",
+            "missing: OneCycleLR needs total_steps, or epochs and steps_per_epoch",
+            "set total_steps",
+        )
     if name == "OneCycle" and known(param(params, "cycle_first_step_size")) == 0:
         yield f.error(
             "scheduler.params.cycle_first_step_size",

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 import attrs
 
-from ..config import NOT_KEYS, ConfigFields, Optimizer, Scheduler
-from ..config.fields import key_of
+from ..config import NOT_KEYS, STRICT_SECTIONS, ConfigFields, Optimizer, Scheduler, in_strict_section
+from ..config.fields import describe, key_of
 from ..config.keys import IGNORED_KEY_HINT, unknown_key
 from ..config.optim import optimizer_params_class, scheduler_params_class
-from ..convert import REMOVED_KEYS
-from .catalogue import REMOVED_ZERO_KEYS, STRICT_SECTIONS
-from .facts import Diagnostic, Facts, known, rule
+from ..convert import REMOVED_KEYS, to_dict
+from .catalogue import REMOVED_ZERO_KEYS
+from .facts import Diagnostic, Facts, is_table, known, rule
 
 
 @rule("removed-section")
@@ -58,13 +58,71 @@ def unknown_keys(f: Facts) -> Iterator[Diagnostic]:
                 f"{what} takes no parameter {key!r}: DeepSpeed fails with a TypeError when it builds the {head}",
                 hint or "remove it",
             )
-        elif head in STRICT_SECTIONS and rest:
-            yield f.error(path, f"unknown key: DeepSpeed refuses it ({head} allows no other keys)", hint or "remove it")
+        elif (strict := next((s for s in STRICT_SECTIONS if path.startswith(f"{s}.")), None)) is not None:
+            yield f.error(
+                path, f"unknown key: DeepSpeed refuses it ({strict} allows no other keys)", hint or "remove it"
+            )
         elif hint is not None and hint.startswith("did you mean"):
             # A misspelt known key: DeepSpeed ignores it silently, so the setting meant is not applied.
             yield f.error(path, "unknown key: DeepSpeed ignores it, so this setting is not applied", hint)
         else:
             yield f.warning(path, "unknown key: DeepSpeed ignores it", hint or "remove it or fix its spelling")
+
+
+@rule("written-as-text")
+def written_as_text(f: Facts) -> Iterator[Diagnostic]:
+    """A value a file wrote as text or as a number (``"3"``, ``"true"``, ``1`` for true), read as the value meant.
+    DeepSpeed's pydantic sections read it so (a warning); in a key DeepSpeed reads by hand it keeps the text and
+    fails on it, or takes ``"false"`` for true (an error: the file as written does not run; what dsbuild writes
+    does)."""
+    for path, original in f.config.coerced.items():
+        read = _value_at(f.config, path)
+        message = f"written as {describe(original)}, read as {describe(read)}"
+        hint = f"write {describe(read)} (dsbuild export writes it so)"
+        if in_strict_section(path) or not isinstance(original, str):
+            yield f.warning(path, f"{message}, as DeepSpeed's parser reads it", hint)
+        else:
+            yield f.error(path, f"{message} by dsbuild, but DeepSpeed reads this key as written: the text", hint)
+
+
+def _value_at(config: ConfigFields, path: str) -> Any:
+    """The value at a dotted path of the config as written (the carried sections included)."""
+    node: Any = to_dict(config)
+    for part in path.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+@rule("section-requirements")
+def section_requirements(f: Facts) -> Iterator[Diagnostic]:
+    """What DeepSpeed asserts in the sections it reads by hand: autotuning directories not empty, dynamic batching
+    with ``max_tokens``, curriculum learning with ``curriculum_metrics``, no AutoEP ``load_balance_coeff``."""
+    tuning = f.config.autotuning
+    for key in ("results_dir", "exps_dir"):
+        if tuning is not None and getattr(tuning, key) == "":
+            yield f.error(f"autotuning.{key}", "empty: DeepSpeed asserts a directory name", "remove it for the default")
+    sampling = f.config.data_efficiency.data_sampling if f.config.data_efficiency else None
+    dynamic = sampling.dynamic_batching if sampling else None
+    if dynamic is not None and dynamic.enabled is True and dynamic.max_tokens is None:
+        yield f.error(
+            "data_efficiency.data_sampling.dynamic_batching.max_tokens",
+            "missing: dynamic batching needs a token budget",
+            "set max_tokens",
+        )
+    curriculum = sampling.curriculum_learning if sampling else None
+    if is_table(curriculum) and curriculum.get("enabled") is True and "curriculum_metrics" not in curriculum:
+        yield f.error(
+            "data_efficiency.data_sampling.curriculum_learning.curriculum_metrics",
+            "missing: curriculum learning needs its metrics",
+            "set curriculum_metrics",
+        )
+    expert = f.config.extra.get("expert_parallel")
+    if is_table(expert) and expert.get("load_balance_coeff") is not None:
+        yield f.error(
+            "expert_parallel.load_balance_coeff",
+            "not supported: DeepSpeed 0.19 refuses any value but null",
+            "remove it",
+        )
 
 
 @rule("fp16-and-bf16")
@@ -111,8 +169,7 @@ def allreduce_sum(f: Facts) -> Iterator[Diagnostic]:
     """``gradient_allreduce_op: "sum"`` is refused at stage 3, with ZenFlow and with DeepCompile."""
     if known(f.config.gradient_allreduce_op) != "sum":
         return
-    compile_section = f.config.extra.get("compile")
-    deepcompile = isinstance(compile_section, Mapping) and compile_section.get("deepcompile") is True
+    deepcompile = f.config.compile is not None and f.config.compile.deepcompile is True
     for reason, applies in (
         ("ZeRO stage 3", f.stage == 3),
         ("ZenFlow (zero_optimization.zenflow)", f.zero.zenflow is not None),

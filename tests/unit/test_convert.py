@@ -64,11 +64,18 @@ def test_written_keys_are_deepspeeds() -> None:
 
 
 def test_passthrough_sections_are_carried_as_written() -> None:
-    """Sections dsbuild does not type (compile, autotuning...) and removed ones (amp) survive a round trip."""
-    d = {"compile": {"deepcompile": True}, "amp": {"enabled": True}, "autotuning": {"enabled": False, "x": [1, None]}}
+    """Open tables (datastates_ckpt), AutoEP (whose null means "fused") and removed sections (amp) survive a round
+    trip exactly; the long-tail sections DeepSpeed reads by name (compile, autotuning) are typed."""
+    d = {
+        "datastates_ckpt": {"host_cache_size": 16, "x": [1, None]},
+        "expert_parallel": {"enabled": True, "expert_w3": None},
+        "amp": {"enabled": True},
+    }
     cfg = from_dict(d)
     assert cfg.extra == d
     assert to_dict(cfg) == d
+    typed = from_dict({"compile": {"deepcompile": True}, "autotuning": {"enabled": False}})
+    assert typed.extra == {} and typed.compile is not None and typed.compile.deepcompile is True
     assert set(REMOVED_KEYS) >= {"amp", "sparse_attention", "curriculum_learning"}
 
 
@@ -189,7 +196,8 @@ def test_reading_does_not_change_the_input() -> None:
         "allgather_size": 1e8,
         "bfloat16": {"enabled": True},
         "optimizer": {"type": "SGD", "params": {"lr": "auto"}},
-        "compile": {"x": [1]},
+        "datastates_ckpt": {"x": [1]},
+        "expert_parallel": {"top_k": "2"},
     }
     before = copy.deepcopy(data)
     from_dict(data)
@@ -211,10 +219,18 @@ def test_integral_floats_are_integers(written: Any, read: int) -> None:
     assert value == read and type(value) is int
 
 
-def test_scientific_strings_in_number_fields() -> None:
-    """A float field reads "1e-5" (YAML 1.1 leaves it a string) as the number; other strings are refused."""
+def test_numbers_written_as_text_are_read_as_numbers() -> None:
+    """A number field reads "1e-5" (YAML 1.1 leaves it a string) and "0.5" as the number, as DeepSpeed's parser does
+    (its own tests assert fp16.loss_scale "3" is valid); the text form is kept for validate() to mention."""
     assert from_dict({"gradient_clipping": "1e-1"}).gradient_clipping == 0.1
-    assert str(read_error({"gradient_clipping": "0.5"})) == "gradient_clipping: got '0.5', expected a number >= 0"
+    cfg = from_dict({"gradient_clipping": "0.5", "fp16": {"loss_scale": "3", "loss_scale_window": "2"}})
+    assert to_dict(cfg) == {"gradient_clipping": 0.5, "fp16": {"loss_scale": 3, "loss_scale_window": 2}}
+    assert cfg.coerced == {"gradient_clipping": "0.5", "fp16.loss_scale": "3", "fp16.loss_scale_window": "2"}
+    assert from_dict({"zero_optimization": {"stage": "3", "overlap_comm": "True", "reduce_scatter": 0}}).to_dict() == {
+        "zero_optimization": {"stage": 3, "overlap_comm": True, "reduce_scatter": False}
+    }
+    assert str(read_error({"gradient_clipping": "half"})) == "gradient_clipping: got 'half', expected a number >= 0"
+    assert str(read_error({"gradient_clipping": "1e400"})) == "gradient_clipping: got '1e400', expected a number >= 0"
     adam = from_dict({"optimizer": {"type": "Adam", "params": {"betas": ["9e-1", "auto"]}}}).optimizer_config
     assert adam == Optimizer(type="Adam", params=AdamParams(betas=(0.9, AUTO)))
 
@@ -227,22 +243,18 @@ def test_scientific_strings_in_number_fields() -> None:
             {"zero_optimization": {"reduce_bucket_size": "2.5e0"}},
             "zero_optimization.reduce_bucket_size: got '2.5e0', expected an integer > 0",
         ),
-        ({"zero_optimization": {"stage": "3"}}, "zero_optimization.stage: got '3', expected an integer >= 0 and <= 3"),
+        ({"zero_optimization": {"stage": "4"}}, "zero_optimization.stage: got 4, expected an integer >= 0 and <= 3"),
         (
             {"zero_optimization": {"stage": True}},
             "zero_optimization.stage: got true, expected an integer >= 0 and <= 3",
         ),
         ({"train_batch_size": True}, "train_batch_size: got true, expected an integer > 0"),
-        ({"train_batch_size": "3"}, "train_batch_size: got '3', expected an integer > 0"),
+        ({"train_batch_size": "3.5"}, "train_batch_size: got '3.5', expected an integer > 0"),
         (
             {"zero_optimization": {"overlap_comm": "yes"}},
             "zero_optimization.overlap_comm: got 'yes', expected true or false",
         ),
-        (
-            {"zero_optimization": {"overlap_comm": "true"}},
-            "zero_optimization.overlap_comm: got 'true', expected true or false",
-        ),
-        ({"zero_optimization": {"overlap_comm": 1}}, "zero_optimization.overlap_comm: got 1, expected true or false"),
+        ({"zero_optimization": {"overlap_comm": 2}}, "zero_optimization.overlap_comm: got 2, expected true or false"),
         ({"gradient_clipping": True}, "gradient_clipping: got true, expected a number >= 0"),
         ({"gradient_clipping": float("inf")}, "gradient_clipping: got inf, expected a number >= 0"),
         ({"gradient_clipping": float("nan")}, "gradient_clipping: got nan, expected a number >= 0"),
@@ -256,8 +268,18 @@ def test_scientific_strings_in_number_fields() -> None:
         ),
         (
             {"optimizer": {"type": "Adam", "params": {"betas": [0.9]}}},
-            "optimizer.params.betas: got a list [0.9], expected a list of two numbers",
+            "optimizer.params.betas: got a list [0.9], expected a list of two numbers each >= 0 and < 1",
         ),
+        (
+            {"optimizer": {"type": "AdamW", "params": {"betas": [1.5, 0.999]}}},
+            "optimizer.params.betas: got a list [1.5, 0.999], expected a list of two numbers each >= 0 and < 1",
+        ),
+        ({"fp16": {"initial_scale_power": 100000}}, "fp16.initial_scale_power: got 100000, expected an integer <= 1023"),
+        (
+            {"zero_optimization": {"stage": None}},
+            "zero_optimization.stage: null: DeepSpeed needs a value here (remove the key for DeepSpeed's default)",
+        ),
+        ({"bf16": None}, "bf16: null: DeepSpeed needs a value here (remove the key for DeepSpeed's default)"),
         ({"zero_optimization": 3}, "zero_optimization: got 3, expected a table"),
         (
             {"zero_optimization": {"offload_optimizer": "auto"}},
@@ -265,19 +287,26 @@ def test_scientific_strings_in_number_fields() -> None:
         ),
         (
             {"zero_optimization": {"zenflow": "auto"}},
-            'zero_optimization.zenflow: "auto" is not allowed here; expected a table',
+            "zero_optimization.zenflow: got 'auto', expected a table",
         ),
         ({"optimizer": {"params": {"lr": 1}}}, "optimizer.type: missing"),
         ({"optimizer": {"type": 3}}, "optimizer.type: got 3, expected a name"),
         ({"optimizer": {"type": "SGD", "params": [1]}}, "optimizer.params: got a list [1], expected a table"),
-        ({"compile": {1, 2}}, "compile: got {1, 2}, expected JSON values"),
+        ({"datastates_ckpt": {1, 2}}, "datastates_ckpt: got {1, 2}, expected JSON values"),
+        ({"compile": 5}, "compile: got 5, expected a table"),
+        (
+            {"compile": {"passes": ["z2"]}},
+            "compile.passes: got a list ['z2'], expected a list of strings from 'z1', 'z3', 'autosp', 'autotp'",
+        ),
+        ({"hybrid_engine": {"max_out_tokens": 0}}, "hybrid_engine.max_out_tokens: got 0, expected an integer > 0"),
+        ({"expert_parallel": {"top_k": "two"}}, "expert_parallel.top_k: got 'two', expected an integer > 0"),
         ({1: 2}, "key 1 is not a string"),
         ("ds.json", "a ds_config is a table of keys, got 'ds.json'"),
         (None, "a ds_config is a table of keys, got None"),
     ],
 )
 def test_bad_values_are_refused_with_their_path(data: Any, expected: str) -> None:
-    """Booleans and integers are strict ("yes", "3", true for an int, 2.5 are refused); the path is dotted."""
+    """Values DeepSpeed refuses are refused ("yes", true for an int, 2.5, "3.5"); the path is dotted."""
     e = read_error(data)
     assert str(e) == expected
     assert not isinstance(e, UnknownKeyError)
@@ -316,11 +345,13 @@ def test_keep_in_fp32_modules() -> None:
     }
 
 
-def test_null_is_unset() -> None:
-    """A null value in a typed field means "not set" (DeepSpeed's default), and is not written back."""
-    assert from_dict({"gradient_clipping": None, "zero_optimization": {"stage": None}}) == Config(
+def test_null_is_unset_where_deepspeed_reads_it_as_its_default() -> None:
+    """A null where DeepSpeed reads it as its default (a key it reads by hand, an optional field) means "not set"
+    and is not written back; where DeepSpeed refuses it (``stage``, a whole ``bf16``) it is refused."""
+    assert from_dict({"gradient_clipping": None, "zero_optimization": {"overlap_comm": None}}) == Config(
         zero_optimization=ZeroOptimization()
     )
+    assert str(read_error({"zero_optimization": {"stage": None}})).startswith("zero_optimization.stage: null: ")
 
 
 # -- reading: unknown keys ---------------------------------------------------------------------

@@ -36,3 +36,13 @@ def test_page_examples_run(page: Path, tmp_path: Path) -> None:
             exec(compile(code, f"{page.name} block {i}", "exec"), namespace)
     finally:
         os.chdir(cwd)
+
+
+def test_the_rule_catalogue_page_lists_every_rule_in_order() -> None:
+    """docs/validation.md's rule table names exactly the rules validate() runs, in their order."""
+    from dsbuild.validate import RULES
+
+    page = (ROOT / "docs" / "validation.md").read_text(encoding="utf-8")
+    table = page.split("## The rule catalogue", 1)[1]
+    listed = re.findall(r"^\| `([a-z0-9-]+)` \|", table, re.M)
+    assert listed == list(RULES)

@@ -77,7 +77,15 @@ ROWS: list[tuple[str, Source, dict[str, Any], str, str, str]] = [
     ("batch-missing-resolved", {"gradient_accumulation_steps": 4}, {"resolved": True},
      "train_micro_batch_size_per_gpu", "error", "neither train_batch_size nor train_micro_batch_size_per_gpu is set"),
     ("batch-missing", {}, {},
+     "train_micro_batch_size_per_gpu", "error", "DeepSpeed stops with an AssertionError"),
+    ("batch-missing-hf", {}, {"target": "hf"},
      "train_micro_batch_size_per_gpu", "warning", "DeepSpeed stops with an AssertionError"),
+    ("written-as-text", {"fp16": {"loss_scale": "3"}, "train_batch_size": 8}, {},
+     "fp16.loss_scale", "warning", "written as '3', read as 3, as DeepSpeed's parser reads it"),
+    ("written-as-text-by-hand", {"wall_clock_breakdown": "false", "train_batch_size": 8}, {},
+     "wall_clock_breakdown", "error", "written as 'false', read as false by dsbuild, but DeepSpeed reads this key as written"),
+    ("section-requirements", {"autotuning": {"results_dir": ""}, "train_batch_size": 8}, {},
+     "autotuning.results_dir", "error", "empty: DeepSpeed asserts a directory name"),
     # -- what DeepSpeed finds when the engine starts
     ("optimizer-unknown", cfg(optimizer={"type": "sgd"}), {},
      "optimizer.type", "error", f"{DEEPSPEED} does not know optimizer 'sgd'"),
@@ -123,6 +131,14 @@ ROWS: list[tuple[str, Source, dict[str, Any], str, str, str]] = [
      "data_types.param_dtype", "error", "'fp16' conflicts with the training precision (bf16)"),
     ("managed-accumulation", cfg(managed_gradient_accumulation=False, zero_optimization={"stage": 1, "overlap_comm": True}), {},
      "managed_gradient_accumulation", "error", "false needs zero_optimization.overlap_comm off below stage 2"),
+    ("amsgrad-cpu-adam", cfg(optimizer={"type": "Adam", "params": {"amsgrad": True}}, zero_optimization={"stage": 2, "offload_optimizer": {"device": "cpu"}}), {},
+     "optimizer.params.amsgrad", "error", "DeepSpeed's DeepSpeedCPUAdam does not support AMSGrad"),
+    ("scheduler-torch-required", cfg(scheduler={"type": "CosineAnnealingWarmRestarts", "params": {"eta_min": 0.0}}), {},
+     "scheduler.params.T_0", "error", "missing: CosineAnnealingWarmRestarts needs it"),
+    ("scheduler-torch-one-cycle", cfg(scheduler={"type": "OneCycleLR", "params": {"max_lr": 0.1}}), {},
+     "scheduler.params.total_steps", "error", "missing: OneCycleLR needs total_steps, or epochs and steps_per_epoch"),
+    ("scheduler-in-code", cfg(scheduler={"type": "LambdaLR"}), {},
+     "scheduler.type", "error", "LambdaLR needs lr_lambda (Python objects), which a config file cannot hold"),
     ("scheduler-unknown", cfg(scheduler={"type": "WarmupCosineLr"}), {},
      "scheduler.type", "error", "DeepSpeed does not know scheduler 'WarmupCosineLr'"),
     ("scheduler-total-missing", cfg(scheduler={"type": "WarmupDecayLR", "params": {"warmup_num_steps": 10}}), {},
@@ -217,7 +233,8 @@ def test_every_rule_has_a_row() -> None:
         pytest.param(cfg(optimizer={"type": "Lamb"}, fp16={"enabled": True, "loss_scale": 0}), {}, "lamb-static-loss-scale", id="lamb-dynamic"),
         pytest.param(cfg(bf16={"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}, zero_optimization={"stage": 2}), {}, "low-precision-master-weights", id="bf16-master-on-device"),
         pytest.param(cfg(optimizer={"type": "AdamW"}, bf16={"enabled": True, "bf16_master_weights_and_grads": True}, zero_optimization={"stage": 3, "offload_optimizer": {"device": "cpu"}}), {}, "low-precision-master-weights", id="bf16-master-cpu-adam"),
-        pytest.param(cfg(optimizer={"type": "Adam", "params": {"amsgrad": True}}, zero_optimization={"stage": 2, "offload_optimizer": {"device": "cpu"}}), {}, "optimizer-params", id="amsgrad-cpu-adam"),
+        pytest.param(cfg(optimizer={"type": "Adam", "params": {"amsgrad": True, "torch_adam": True}}), {}, "optimizer-params", id="amsgrad-torch-adam"),
+        pytest.param(cfg(scheduler={"type": "OneCycleLR", "params": {"max_lr": 0.1, "epochs": 2, "steps_per_epoch": 10}}), {}, "scheduler", id="one-cycle-lr-by-epochs"),
         pytest.param(cfg(optimizer={"type": "RMSprop"}, zero_allow_untested_optimizer=True, zero_optimization={"stage": 2}), {}, "untested-zero-optimizer", id="untested-allowed"),
         pytest.param(cfg(optimizer={"type": "adamw"}, zero_optimization={"stage": 3}), {}, "untested-zero-optimizer", id="lower-case-adamw-tested"),
         pytest.param(cfg(zero_optimization={"stage": 2, "stage3_prefetch_bucket_size": "auto"}), {"target": "hf"}, "auto", id="accelerate-fills-buckets-below-3"),
@@ -365,3 +382,20 @@ def test_validate_imports_no_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_torch_scheduler_table_matches_the_installed_torch() -> None:
+    """The required arguments dsbuild lists for torch's schedulers are exactly those of the installed torch's
+    constructors (besides the optimizer), so a table kept without importing torch stays true."""
+    import inspect
+
+    lr_scheduler = pytest.importorskip("torch.optim.lr_scheduler")
+    from dsbuild.validate.catalogue import REQUIRED_PARAMS, SCHEDULERS_IN_CODE, TORCH_SCHEDULERS
+
+    for name in TORCH_SCHEDULERS:
+        parameters = inspect.signature(getattr(lr_scheduler, name).__init__).parameters
+        required = tuple(
+            p for p, v in parameters.items() if v.default is inspect.Parameter.empty and p not in ("self", "optimizer")
+        )
+        ours = (SCHEDULERS_IN_CODE[name],) if name in SCHEDULERS_IN_CODE else REQUIRED_PARAMS.get(name, ())
+        assert set(ours) <= set(required) and (name in SCHEDULERS_IN_CODE or set(ours) == set(required)), name
