@@ -30,10 +30,10 @@ from .optim import (
     optimizer_params_class,
 )
 from .precision import BF16, FP16
-from .zero import OffloadOptimizer, OffloadParam, ZeroOptimization
+from .zero import LeafModule, OffloadOptimizer, OffloadParam, ZenFlow, ZeroOptimization
 
 if TYPE_CHECKING:  # annotations only: building a config imports neither
-    from typing_extensions import Self
+    from typing_extensions import Never, Self
 
 __all__ = ["ConfigBase"]
 
@@ -120,6 +120,16 @@ def _checked_value(attribute: attrs.Attribute[Any], path: str, value: Any, probl
     return value
 
 
+def _given(arguments: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments a verb was given, from its ``locals()`` (``None`` is "leave unset").
+
+    A name the verb does not take arrives in ``unknown`` (typed ``Never``, so mypy flags it) and is
+    checked like the others, so a misspelling gets its "did you mean" at run time too.
+    """
+    given = {k: v for k, v in arguments.items() if k not in ("self", "unknown", "__class__") and v is not None}
+    return {**given, **arguments.get("unknown", {})}
+
+
 def _set(**fields: Any) -> dict[str, Any]:
     """The arguments that were given (``None`` means "leave unset")."""
     return {k: v for k, v in fields.items() if v is not None}
@@ -164,10 +174,59 @@ class ConfigBase(ConfigFields):
         return attrs.evolve(self, zero_optimization=_evolve(zero, "zero_optimization", stage=stage))
 
     @_verb
-    def zero_options(self, /, **fields: Any) -> Self:
-        """Set ``zero_optimization`` fields by their DeepSpeed names, e.g. ``overlap_comm=True``."""
+    def zero_options(
+        self,
+        /,
+        *,
+        stage: int | float | Auto | None = None,
+        contiguous_gradients: bool | Auto | None = None,
+        reduce_scatter: bool | Auto | None = None,
+        reduce_bucket_size: int | float | Auto | None = None,
+        use_multi_rank_bucket_allreduce: bool | Auto | None = None,
+        allgather_partitions: bool | Auto | None = None,
+        allgather_bucket_size: int | float | Auto | None = None,
+        overlap_comm: bool | Auto | None = None,
+        compute_grad_norm: bool | Auto | None = None,
+        load_from_fp32_weights: bool | Auto | None = None,
+        elastic_checkpoint: bool | Auto | None = None,
+        offload_optimizer: OffloadOptimizer | Mapping[str, Any] | None = None,
+        offload_param: OffloadParam | Mapping[str, Any] | None = None,
+        zenflow: ZenFlow | Mapping[str, Any] | None = None,
+        sub_group_size: int | float | Auto | None = None,
+        stage3_prefetch_bucket_size: int | float | Auto | None = None,
+        stage3_param_persistence_threshold: int | float | Auto | None = None,
+        stage3_model_persistence_threshold: int | float | Auto | None = None,
+        stage3_max_live_parameters: int | float | Auto | None = None,
+        stage3_max_reuse_distance: int | float | Auto | None = None,
+        stage3_gather_16bit_weights_on_model_save: bool | Auto | None = None,
+        stage3_module_granularity_threshold: int | float | Auto | None = None,
+        stage3_use_all_reduce_for_fetch_params: bool | Auto | None = None,
+        stage3_allgather_sequential: bool | Auto | None = None,
+        ignore_unused_parameters: bool | Auto | None = None,
+        legacy_stage1: bool | Auto | None = None,
+        round_robin_gradients: bool | Auto | None = None,
+        parameter_alignment: bool | Auto | None = None,
+        zero_hpz_partition_size: int | float | Auto | None = None,
+        zero_quantized_weights: bool | Auto | None = None,
+        zero_quantized_nontrainable_weights: bool | Auto | None = None,
+        zero_quantized_gradients: bool | Auto | None = None,
+        memory_efficient_linear: bool | Auto | None = None,
+        pipeline_loading_checkpoint: bool | Auto | None = None,
+        override_module_apply: bool | Auto | None = None,
+        log_trace_cache_warnings: bool | Auto | None = None,
+        enable_sanity_checks: bool | Auto | None = None,
+        save_muon_momentum_buffer_in_memory: bool | Auto | None = None,
+        leaf_module: LeafModule | Mapping[str, Any] | None = None,
+        **unknown: Never,
+    ) -> Self:
+        """Set ``zero_optimization`` fields by their DeepSpeed names, e.g. ``overlap_comm=True``.
+
+        Every ZeRO setting is a keyword (see ``ZeroOptimization`` for what each does); ``None`` leaves it
+        unchanged, an integral float such as ``1e9`` is the integer, and an offload section takes a table.
+        """
+        given = _given(locals())
         zero = self.zero_optimization or ZeroOptimization()
-        return attrs.evolve(self, zero_optimization=_evolve(zero, "zero_optimization", **fields))
+        return attrs.evolve(self, zero_optimization=_evolve(zero, "zero_optimization", **given))
 
     @_verb
     def offload_cpu(self, /, optimizer: bool = True, params: bool = True, pin_memory: bool = True) -> Self:
@@ -239,15 +298,40 @@ class ConfigBase(ConfigFields):
         return attrs.evolve(self, zero_optimization=attrs.evolve(zero, **changes))
 
     @_verb
-    def bf16(self, /, **fields: Any) -> Self:
-        """Train in bf16 mixed precision (turns fp16 off); extra ``bf16`` fields by name."""
-        section = _build(BF16, "bf16", {"enabled": True, **fields})
+    def bf16(
+        self,
+        /,
+        *,
+        enabled: bool | Auto | None = None,
+        immediate_grad_update: bool | Auto | None = None,
+        check_grad_overflow: bool | Auto | None = None,
+        bf16_master_weights_and_grads: bool | Auto | None = None,
+        bf16_optimizer_states: bool | Auto | None = None,
+        **unknown: Never,
+    ) -> Self:
+        """Train in bf16 mixed precision (turns fp16 off); other ``bf16`` settings by name (see ``BF16``)."""
+        section = _build(BF16, "bf16", {"enabled": True, **_given(locals())})
         return attrs.evolve(self, bf16=section, fp16=None)
 
     @_verb
-    def fp16(self, /, **fields: Any) -> Self:
-        """Train in fp16 mixed precision (turns bf16 off), e.g. ``.fp16(loss_scale=0, initial_scale_power=16)``."""
-        section = _build(FP16, "fp16", {"enabled": True, **fields})
+    def fp16(
+        self,
+        /,
+        *,
+        enabled: bool | Auto | None = None,
+        auto_cast: bool | Auto | None = None,
+        loss_scale: float | Auto | None = None,
+        initial_scale_power: int | float | Auto | None = None,
+        loss_scale_window: int | float | Auto | None = None,
+        hysteresis: int | float | Auto | None = None,
+        consecutive_hysteresis: bool | Auto | None = None,
+        min_loss_scale: int | float | Auto | None = None,
+        fp16_master_weights_and_grads: bool | Auto | None = None,
+        **unknown: Never,
+    ) -> Self:
+        """Train in fp16 mixed precision (turns bf16 off), e.g. ``.fp16(loss_scale=0, initial_scale_power=16)``;
+        other ``fp16`` settings by name (see ``FP16``)."""
+        section = _build(FP16, "fp16", {"enabled": True, **_given(locals())})
         return attrs.evolve(self, fp16=section, bf16=None)
 
     @_verb
@@ -314,29 +398,98 @@ class ConfigBase(ConfigFields):
         return attrs.evolve(self, scheduler=Scheduler(type=type, params=_build(cls, "scheduler.params", fields)))
 
     @_verb
-    def warmup_lr(self, /, **params: Any) -> Self:
+    def warmup_lr(
+        self,
+        /,
+        *,
+        warmup_min_lr: float | Auto | None = None,
+        warmup_max_lr: float | Auto | None = None,
+        warmup_num_steps: int | float | Auto | None = None,
+        warmup_type: str | Auto | None = None,
+        last_batch_iteration: int | float | Auto | None = None,
+        warmup_steps: int | float | Auto | None = None,
+        min_lr: float | Auto | None = None,
+        max_lr: float | Auto | None = None,
+        **unknown: Never,
+    ) -> Self:
         """``WarmupLR``: warm up from ``warmup_min_lr`` to ``warmup_max_lr`` over ``warmup_num_steps`` (alias ``warmup_steps``), then hold."""
-        return self._scheduler("WarmupLR", WarmupLRParams, params)
+        return self._scheduler("WarmupLR", WarmupLRParams, _given(locals()))
 
     @_verb
-    def warmup_decay_lr(self, /, **params: Any) -> Self:
+    def warmup_decay_lr(
+        self,
+        /,
+        *,
+        total_num_steps: int | float | Auto | None = None,
+        warmup_min_lr: float | Auto | None = None,
+        warmup_max_lr: float | Auto | None = None,
+        warmup_num_steps: int | float | Auto | None = None,
+        warmup_type: str | Auto | None = None,
+        last_batch_iteration: int | float | Auto | None = None,
+        warmup_steps: int | float | Auto | None = None,
+        total_steps: int | float | Auto | None = None,
+        min_lr: float | Auto | None = None,
+        max_lr: float | Auto | None = None,
+        **unknown: Never,
+    ) -> Self:
         """``WarmupDecayLR``: warm up, then decay linearly to 0 at ``total_num_steps`` (alias ``total_steps``)."""
-        return self._scheduler("WarmupDecayLR", WarmupDecayLRParams, params)
+        return self._scheduler("WarmupDecayLR", WarmupDecayLRParams, _given(locals()))
 
     @_verb
-    def warmup_cosine_lr(self, /, **params: Any) -> Self:
+    def warmup_cosine_lr(
+        self,
+        /,
+        *,
+        total_num_steps: int | float | Auto | None = None,
+        warmup_min_ratio: float | Auto | None = None,
+        warmup_num_steps: int | float | Auto | None = None,
+        cos_min_ratio: float | Auto | None = None,
+        warmup_type: str | Auto | None = None,
+        last_batch_iteration: int | float | Auto | None = None,
+        warmup_steps: int | float | Auto | None = None,
+        total_steps: int | float | Auto | None = None,
+        **unknown: Never,
+    ) -> Self:
         """``WarmupCosineLR``: warm up, then cosine decay; ratios of the optimizer's lr."""
-        return self._scheduler("WarmupCosineLR", WarmupCosineLRParams, params)
+        return self._scheduler("WarmupCosineLR", WarmupCosineLRParams, _given(locals()))
 
     @_verb
-    def one_cycle(self, /, **params: Any) -> Self:
+    def one_cycle(
+        self,
+        /,
+        *,
+        cycle_min_lr: float | Auto | None = None,
+        cycle_max_lr: float | Auto | None = None,
+        decay_lr_rate: float | Auto | None = None,
+        cycle_first_step_size: int | float | Auto | None = None,
+        cycle_second_step_size: int | float | Auto | None = None,
+        cycle_first_stair_count: int | float | Auto | None = None,
+        cycle_second_stair_count: int | float | Auto | None = None,
+        decay_step_size: int | float | Auto | None = None,
+        cycle_momentum: bool | Auto | None = None,
+        cycle_min_mom: float | Auto | None = None,
+        cycle_max_mom: float | Auto | None = None,
+        decay_mom_rate: float | Auto | None = None,
+        last_batch_iteration: int | float | Auto | None = None,
+        **unknown: Never,
+    ) -> Self:
         """``OneCycle``: the 1-cycle policy between ``cycle_min_lr`` and ``cycle_max_lr``."""
-        return self._scheduler("OneCycle", OneCycleParams, params)
+        return self._scheduler("OneCycle", OneCycleParams, _given(locals()))
 
     @_verb
-    def lr_range_test(self, /, **params: Any) -> Self:
+    def lr_range_test(
+        self,
+        /,
+        *,
+        lr_range_test_min_lr: float | Auto | None = None,
+        lr_range_test_step_size: int | float | Auto | None = None,
+        lr_range_test_step_rate: float | Auto | None = None,
+        lr_range_test_staircase: bool | Auto | None = None,
+        last_batch_iteration: int | float | Auto | None = None,
+        **unknown: Never,
+    ) -> Self:
         """``LRRangeTest``: grow the lr from ``lr_range_test_min_lr`` to find a good range."""
-        return self._scheduler("LRRangeTest", LRRangeTestParams, params)
+        return self._scheduler("LRRangeTest", LRRangeTestParams, _given(locals()))
 
     @_verb
     def batch(

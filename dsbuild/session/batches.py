@@ -85,6 +85,32 @@ def to_device(batch: Any, device: Any) -> Any:
     return batch
 
 
+def forward_arguments(batch: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """How a batch is passed to the model's forward: a mapping by keyword, a list or tuple by position, else whole."""
+    if isinstance(batch, Mapping):
+        return (), dict(batch)
+    if isinstance(batch, (list, tuple)):
+        return tuple(batch), {}
+    return (batch,), {}
+
+
+def takes_batch(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Raise ``SessionError`` naming ``loss_fn`` when the model's forward cannot take the batch, before DeepSpeed's
+    engine calls it (where the ``TypeError`` would come from deep inside)."""
+    import inspect
+
+    try:
+        inspect.signature(model.forward).bind(*args, **kwargs)
+    except TypeError as e:
+        given = ", ".join(kwargs) if kwargs else f"{len(args)} positional value(s)"
+        raise SessionError(
+            f"{type(model).__name__}.forward does not take the batch ({given}): {e}; pass "
+            "loss_fn=(model, batch) -> loss to Session.fit / step / evaluate, or give batches of its forward's arguments"
+        ) from None
+    except ValueError:
+        pass  # no signature to check (a builtin): let the call say
+
+
 def loss_of(output: Any) -> Any:
     """The loss in a model's output: ``.loss``, ``["loss"]``, or the output itself when it is a scalar tensor."""
     if isinstance(output, torch.Tensor):

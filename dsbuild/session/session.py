@@ -29,7 +29,7 @@ from ..api import Config
 from ..errors import ConfigError, Problem, SessionError, UnresolvedAutoError
 from ..training import Training
 from . import batches, building, checkpoints, distributed, export, loop, weights_only
-from .batches import as_float, counts, loss_of, to_device
+from .batches import as_float, counts, forward_arguments, loss_of, takes_batch, to_device
 from .export import lora_fingerprint, model_fingerprint
 from .setup import DEFAULT_SEED, as_config, hf_model_or_none, resolve_checked, seed_everything, with_default_monitor
 
@@ -307,11 +307,9 @@ class Session:
     def _forward_loss(self, engine: Any, batch: Any, loss_fn: Callable[[Any, Any], Any] | None) -> Any:
         if loss_fn is not None:
             return loss_of(loss_fn(engine, batch))
-        if isinstance(batch, Mapping):
-            return loss_of(engine(**batch))
-        if isinstance(batch, (list, tuple)):
-            return loss_of(engine(*batch))
-        return loss_of(engine(batch))
+        args, kwargs = forward_arguments(batch)
+        takes_batch(self._model, args, kwargs)
+        return loss_of(engine(*args, **kwargs))
 
     def step(self, batch: Any, loss_fn: Callable[[Any, Any], Any] | None = None) -> StepOutput:
         """One micro-batch: forward, backward, and the engine's step (an optimizer step at a boundary).

@@ -30,7 +30,7 @@ from safetensors.torch import load_file  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, ByT5Tokenizer  # noqa: E402
 from transformers.integrations import is_deepspeed_zero3_enabled  # noqa: E402
 
-from dsbuild import Config, manifest  # noqa: E402
+from dsbuild import Config, SessionError, manifest  # noqa: E402
 from dsbuild.errors import CheckpointError  # noqa: E402
 from dsbuild.session import Session  # noqa: E402
 from dsbuild.training import Training  # noqa: E402
@@ -253,6 +253,19 @@ def test_custom_loop_with_a_plain_module(tmp_path: Path) -> None:
     fresh = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
     fresh.load_state_dict(load_file(tmp_path / "m" / "model.safetensors"))
     assert all(torch.equal(a, b) for a, b in zip(trainable(s), [p.detach() for p in fresh.parameters()], strict=True))
+
+
+def test_a_batch_the_forward_does_not_take_names_loss_fn() -> None:
+    """A plain nn.Module given a (x, y) batch without loss_fn: a SessionError naming loss_fn, not DeepSpeed's
+    TypeError from inside the engine."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 1))
+    s = Session(model, Config.zero(0).adam(lr=1e-2).batch(micro=4), total_steps=1)
+    with pytest.raises(
+        SessionError, match=r"Sequential.forward does not take the batch .*pass loss_fn=\(model, batch\)"
+    ):
+        s.step((torch.randn(4, 8), torch.randn(4, 1)))
+    with pytest.raises(SessionError, match=r"forward does not take the batch \(x, y\)"):
+        s.step({"x": torch.randn(4, 8), "y": torch.randn(4, 1)})
 
 
 def test_dict_batch_without_a_loss_is_a_clear_error() -> None:

@@ -26,6 +26,21 @@ def build() -> Config:
     return cfg.zero_options(overlap_comm=True).set(steps_per_print=10)
 
 
+def every_knob_is_a_keyword() -> Config:
+    # 1e9 for an integer knob is read as the integer; sections take a table.
+    cfg = Config.zero(3).zero_options(
+        stage3_max_live_parameters=1e9, offload_optimizer={"device": "cpu"}, zero_quantized_weights=True
+    )
+    return cfg.fp16(loss_scale=0, initial_scale_power=16).warmup_lr(warmup_steps=100, max_lr=1e-3)
+
+
+def misspellings_and_wrong_types_are_flagged() -> None:
+    # Each line is an error mypy reports (strict mode flags an ignore that is not needed, so these stay checked).
+    Config.zero_options(overlap_com=True)  # type: ignore[arg-type]
+    Config.zero_options(overlap_comm="yes")  # type: ignore[arg-type]
+    Config.fp16(loss_scal=0)  # type: ignore[arg-type]
+
+
 def round_trip(cfg: Config, out: Path) -> Config:
     d: dict[str, object] = cfg.to_dict()
     assert Config.from_dict(d) == cfg

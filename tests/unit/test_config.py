@@ -567,3 +567,29 @@ def test_every_field_has_a_one_line_docstring(cls: type[Any]) -> None:
         doc = docs[a.name]
         assert doc is not None, f"{cls.__name__}.{a.name} has no docstring"
         assert doc.strip() and "\n" not in doc.strip(), f"{cls.__name__}.{a.name}: docstring is not one line"
+
+
+@pytest.mark.parametrize(
+    ("verb", "cls", "extra"),
+    [
+        ("zero_options", ZeroOptimization, set()),
+        ("fp16", FP16, set()),
+        ("bf16", BF16, set()),
+        ("warmup_lr", WarmupLRParams, {"warmup_steps", "min_lr", "max_lr"}),
+        ("warmup_decay_lr", WarmupDecayLRParams, {"warmup_steps", "total_steps", "min_lr", "max_lr"}),
+        ("warmup_cosine_lr", WarmupCosineLRParams, {"warmup_steps", "total_steps"}),
+        ("one_cycle", OneCycleParams, set()),
+        ("lr_range_test", LRRangeTestParams, set()),
+    ],
+)
+def test_section_verbs_take_every_field_as_a_keyword(verb: str, cls: type[Any], extra: set[str]) -> None:
+    """A section's verb names each of its fields as a keyword parameter (editors, help() and mypy see them all),
+    with the field's type, so a field added to the section cannot be forgotten in the verb."""
+    parameters = inspect.signature(getattr(Config, verb)).parameters
+    fields = {key_of(a): a for a in attrs.fields(cls)}
+    assert set(parameters) == set(fields) | extra | {"unknown"}  # unknown: a misspelling, with its "did you mean"
+    for name, a in fields.items():
+        assert parameters[name].kind is inspect.Parameter.KEYWORD_ONLY
+        base = str(a.type).split(" | ")[0].replace("tuple[str, ...]", "Sequence[str]")
+        assert str(parameters[name].annotation).startswith(base), name
+    assert getattr(Config, verb).__doc__
