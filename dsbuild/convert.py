@@ -26,10 +26,9 @@ from .config import (
     NOT_KEYS,
     PASSTHROUGH_KEYS,
     PASSTHROUGH_SCHEMAS,
-    STRICT_SECTIONS,
     ConfigBase,
     ConfigFields,
-    in_strict_section,
+    takes_null,
 )
 from .config.fields import Spec, check_value, coerce, describe, key_of, unusual
 from .config.keys import unknown_key
@@ -38,7 +37,8 @@ from .config.optim import Optimizer, Scheduler, optimizer_params_class, schedule
 from .config.zero import ZeroOptimization
 from .errors import ConfigError, InvalidValueError, Problem, error_of
 
-__all__ = ["REMOVED_KEYS", "RENAMED_KEYS", "from_dict", "to_dict"]  # and converter, made on first use
+# and converter, made on first use
+__all__ = ["LEGACY_OFFLOAD_KEYS", "REMOVED_KEYS", "RENAMED_KEYS", "from_dict", "to_dict"]
 
 C = TypeVar("C", bound=ConfigBase)
 
@@ -59,6 +59,10 @@ RENAMED_KEYS: Mapping[type, Mapping[str, str]] = {
     TensorParallel: {"tensor_parallel": "tp", "kernel_inject": "replace_with_kernel_inject"},
 }
 """Legacy and alias spellings DeepSpeed reads, by section, and the modern key dsbuild writes."""
+
+LEGACY_OFFLOAD_KEYS: Mapping[str, str] = {"cpu_offload": "offload_optimizer", "cpu_offload_param": "offload_param"}
+"""ZeRO's deprecated booleans DeepSpeed still reads, and the section dsbuild writes for ``true``
+(``{"device": "cpu"}``; ``false`` is nothing)."""
 
 REMOVED_KEYS: Mapping[str, str] = {
     "amp": "NVIDIA Apex AMP was removed from DeepSpeed: use bf16, fp16 or torch_autocast",
@@ -104,14 +108,6 @@ def _read_fields(cls: type) -> dict[str, _Field]:
     }
 
 
-def _takes_null(spec: Spec, path: str) -> bool:
-    """Whether DeepSpeed reads a ``null`` of this field as its default (``Spec.null``, else by how it reads the
-    section: a pydantic model refuses it, a section read by hand takes it; a whole section must be a table)."""
-    if spec.null is not None:
-        return spec.null
-    return spec.kind != "section" and not (path in STRICT_SECTIONS or in_strict_section(path))
-
-
 class _Reader:
     """One ``from_dict`` call: strictness, and the warnings of a non-strict read."""
 
@@ -146,7 +142,7 @@ class _Reader:
                     self.unknown(cls, path, key, value, set(fields))
             elif value is not None:
                 kwargs[field.init] = self.value(field.spec, value, f"{path}.{key}" if path else key)
-            elif not _takes_null(field.spec, path):
+            elif not takes_null(field.spec, path):
                 self.problems.append(
                     Problem(
                         f"{path}.{key}" if path else key,
@@ -196,8 +192,7 @@ class _Reader:
         return out
 
     def legacy_offload(self, zero: dict[str, Any], path: str) -> None:
-        # DeepSpeed's deprecated booleans: cpu_offload -> offload_optimizer, cpu_offload_param -> offload_param.
-        for old, new in (("cpu_offload", "offload_optimizer"), ("cpu_offload_param", "offload_param")):
+        for old, new in LEGACY_OFFLOAD_KEYS.items():
             if old not in zero:
                 continue
             value = zero.pop(old)

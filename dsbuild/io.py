@@ -6,13 +6,26 @@ the line and column. A file may carry two reserved top-level keys besides the
 ds_config: ``description`` (one line, dropped) and ``extends`` (a preset name
 or a path relative to the file), whose target is loaded first and deep-merged
 under the file. Writing is atomic: a reader never sees half a file.
+
+Every file a user hands us is untrusted input, read by ``read_text`` alone:
+only a regular file is opened (a FIFO, device, socket or directory is refused,
+a FIFO never waited on), at most ``CONFIG_FILES.size`` bytes are read
+(``DATA_FILES`` for training data; YAML stops at ``YAML_FILES.size``), parsed
+data nested deeper than ``MAX_DEPTH`` is refused, and YAML aliases may stand
+for at most ``MAX_ALIAS_VALUES`` values — each a ``ConfigError`` naming the
+file, never a hang, a ``RecursionError`` or memory without bound.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
+import stat
 from collections.abc import Callable, Mapping
+from functools import cache
+from itertools import accumulate
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -28,7 +41,15 @@ from .presets import PRESET_SUFFIX, preset_names, preset_path
 from .suggest import did_you_mean
 
 __all__ = [
+    "CONFIG_FILES",
+    "DATA_FILES",
+    "MAX_ALIAS_VALUES",
+    "MAX_DEPTH",
     "SUFFIXES",
+    "YAML_FILES",
+    "SizeLimit",
+    "check_json_depth",
+    "check_nesting",
     "count_records",
     "load",
     "merge",
@@ -36,9 +57,11 @@ __all__ = [
     "read_dict",
     "read_json",
     "read_preset",
+    "read_table",
     "read_text",
     "read_toml",
     "read_yaml",
+    "real_path",
     "to_config",
     "write_json",
     "write_toml",
@@ -50,6 +73,36 @@ SUFFIXES = (".json", ".toml", ".yaml", ".yml")
 """File suffixes ``load`` understands (case-insensitive)."""
 
 Parser = Callable[[str, Path], dict[str, Any]]
+
+KiB, MiB, GiB = 2**10, 2**20, 2**30
+
+
+@attrs.frozen
+class SizeLimit:
+    """The most bytes ``read_text`` reads from one kind of file: a larger file is refused, the limit named."""
+
+    size: int
+    """Bytes at most."""
+    files: str
+    """The kind of file, as the message names it: ``"config files"``."""
+
+
+CONFIG_FILES = SizeLimit(1 * MiB, "config files")
+"""Config, job and training-argument files, the default of ``read_text``: real ones are a few KiB, and
+tomllib (pure Python) reads about a MiB a second."""
+
+YAML_FILES = SizeLimit(64 * KiB, "YAML files")
+"""YAML config and job files, on top of ``CONFIG_FILES``: PyYAML's safe loader (pure Python) reads hostile
+YAML at about 30 KiB a second."""
+
+DATA_FILES = SizeLimit(1 * GiB, "data files")
+"""JSON and JSON Lines training data, which is read whole: ``read_text(path, limit=DATA_FILES)``."""
+
+MAX_DEPTH = 64
+"""Tables and lists nested deeper than this are refused (a ds_config or job nests a few levels)."""
+
+MAX_ALIAS_VALUES = 1_000_000
+"""What YAML aliases may stand for, all together, in values: a "billion laughs" file is refused while it loads."""
 
 
 # -- reading -------------------------------------------------------------------
@@ -113,7 +166,7 @@ def _read(path: Path, parse: Parser, strict: bool, cls: type[C]) -> C:
 
 def _raw(path: Path, parse: Parser) -> tuple[dict[str, Any], str | None]:
     """The merged ds_config dict of the file the user named, and its description."""
-    data, description = _read_raw(path, parse, [path.name], [_identity(path)], str(path))
+    data, description = _read_raw(path, parse, [path.name], [real_path(path)], str(path))
     _reject_wrapped(data, str(path))
     return data, description
 
@@ -130,11 +183,12 @@ def parser_for(path: Path, top: str) -> Parser:
     return parse
 
 
-def _identity(path: Path) -> Path:
-    """A path for cycle detection: the same file reached two ways compares equal."""
+def real_path(path: Path) -> Path:
+    """``path`` with its symlinks resolved where they can be (the same file reached two ways compares equal); a
+    symlink loop is left for ``read_text`` to report."""
     try:
         return path.resolve()
-    except OSError:  # pragma: no cover - resolve() fails only on exotic file systems
+    except (OSError, RuntimeError):  # RuntimeError: a symlink loop, before Python 3.13
         return path.absolute()
 
 
@@ -154,7 +208,7 @@ def _read_raw(
             Problem("extends", f"got {describe(extends)}, expected a preset name or a relative path"), source=str(path)
         )
     parent = _locate(extends, path, [*chain, extends], top)
-    identity = _identity(parent)
+    identity = real_path(parent)
     if identity in seen:
         raise ConfigError(Problem("extends", f"cycle: {' -> '.join([*chain, extends])}"), source=top)
     base, _ = _read_raw(parent, parser_for(parent, top), [*chain, extends], [*seen, identity], top)
@@ -167,7 +221,7 @@ def _locate(target: str, child: Path, chain: list[str], top: str) -> Path:
     looks_like_path = "/" in target or "\\" in target or Path(target).suffix.lower() in SUFFIXES
     if looks_like_path:
         candidate = child.parent / Path(target).expanduser()
-        if candidate.is_file():
+        if os.path.lexists(candidate):  # read_text refuses a directory, FIFO or symlink loop, and says so
             return candidate
         hint = f"no file at {candidate}"
     else:
@@ -196,18 +250,21 @@ def merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any
     return out
 
 
-def read_text(path: Path) -> str:
-    """The file's text, with every way of not having one turned into a ``ConfigError``."""
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise ConfigError("no such file", source=str(path)) from None
-    except IsADirectoryError:
-        raise ConfigError("is a directory, expected a file", source=str(path)) from None
-    except PermissionError:
-        raise ConfigError("cannot read the file: permission denied", source=str(path)) from None
-    except OSError as e:
-        raise ConfigError(f"cannot read the file: {e.strerror or e}", source=str(path)) from None
+def read_table(path: str | Path) -> dict[str, Any]:
+    """The top-level table of a JSON, TOML or YAML file, parsed by its suffix (no ``extends``, nothing removed)."""
+    path = Path(path)
+    return parser_for(path, str(path))(read_text(path), path)
+
+
+def read_text(path: Path, *, limit: SizeLimit = CONFIG_FILES) -> str:
+    """The file's text, with every way of not having one turned into a ``ConfigError``.
+
+    Only a regular file is read (symlinks followed): anything else is refused before it is opened and
+    again once it is (it may have been swapped in between); it is opened non-blocking, so a FIFO cannot
+    hang the read. At most ``limit.size`` bytes are read: a larger file is refused, as is one that grows
+    past the limit while it is read.
+    """
+    raw = _read_bytes(path, limit)
     try:
         # utf-8-sig: editors on Windows write a byte-order mark, which json and tomllib reject.
         text = raw.decode("utf-8-sig")
@@ -222,16 +279,168 @@ def read_text(path: Path) -> str:
     return text
 
 
+# O_NONBLOCK: opening a FIFO that no one writes to returns at once (fstat then refuses it).
+# O_NOCTTY: a terminal swapped in between stat and open does not become ours.
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_BINARY", 0)
+
+_NOT_REGULAR: tuple[tuple[Callable[[int], bool], str], ...] = (
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _read_bytes(path: Path, limit: SizeLimit) -> bytes:
+    source = str(path)
+    try:
+        _check_regular(os.stat(path).st_mode, source)
+        fd = os.open(path, _OPEN_FLAGS)
+    except OSError as e:
+        raise _unreadable(e, source) from None
+    try:
+        info = os.fstat(fd)
+        _check_regular(info.st_mode, source)
+        if info.st_size > limit.size:
+            raise _too_large(f"the file is {_amount(info.st_size)}", limit, source)
+        chunks: list[bytes] = []
+        left = limit.size + 1  # one byte more than allowed tells a file that grew while we read it
+        while left > 0:
+            chunk = os.read(fd, min(left, MiB))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as e:
+        raise _unreadable(e, source) from None
+    finally:
+        os.close(fd)
+    if left <= 0:
+        raise _too_large(f"the file grew past {_amount(limit.size)} while it was read", limit, source)
+    return b"".join(chunks)
+
+
+def _check_regular(mode: int, source: str) -> None:
+    if stat.S_ISREG(mode):
+        return
+    if stat.S_ISDIR(mode):
+        raise ConfigError("is a directory, expected a file", source=source)
+    what = next((name for test, name in _NOT_REGULAR if test(mode)), "not a regular file")
+    raise ConfigError(f"is {what}, expected a regular file", source=source)
+
+
+def _unreadable(e: OSError, source: str) -> ConfigError:
+    if isinstance(e, FileNotFoundError):
+        return ConfigError("no such file", source=source)
+    if isinstance(e, IsADirectoryError):
+        return ConfigError("is a directory, expected a file", source=source)
+    if isinstance(e, PermissionError):
+        return ConfigError("cannot read the file: permission denied", source=source)
+    if e.errno == errno.ELOOP:
+        return ConfigError("is a symlink loop, expected a regular file", source=source)
+    return ConfigError(f"cannot read the file: {e.strerror or e}", source=source)
+
+
+def _too_large(what: str, limit: SizeLimit, source: str) -> ConfigError:
+    return ConfigError(f"{what}; {limit.files} over {_amount(limit.size)} are refused", source=source)
+
+
+def _amount(n: int) -> str:
+    """Bytes as people read them: ``16 MiB``, ``20.5 MiB``, ``300 bytes``."""
+    for unit, name in ((GiB, "GiB"), (MiB, "MiB"), (KiB, "KiB")):
+        if n >= unit:
+            return f"{n // unit} {name}" if n % unit == 0 else f"{n / unit:.1f} {name}"
+    return f"{n} bytes"
+
+
+_Trail = tuple[Any, bool, "_Trail"] | None
+"""Where a value sits: its key, whether that is a list index, and its parent's trail (``None`` at the top)."""
+
+_NESTED = (dict, list)
+
+
+def check_nesting(data: Any, source: str) -> None:
+    """Refuse dicts and lists (what the parsers make) nested deeper than ``MAX_DEPTH``, naming the dotted key.
+
+    Level by level, never recursing: the data may be deeper than Python's stack (and, from YAML, hold itself).
+    """
+    level = [data] if isinstance(data, _NESTED) else []
+    for _ in range(MAX_DEPTH):
+        level = [c for v in level for c in (v.values() if isinstance(v, dict) else v) if isinstance(c, _NESTED)]
+        if not level:
+            return
+    raise ConfigError(Problem(_too_deep_at(data), f"nested deeper than {MAX_DEPTH} levels"), source=source)
+
+
+_JSON_STRING = re.compile(rb'"(?:[^"\\\n]|\\.)*"')
+_NOT_BRACKETS = bytes(set(range(256)) - set(b"[]{}"))
+_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+
+
+def check_json_depth(path: Path) -> None:
+    """Refuse a JSON or JSON Lines file nested deeper than ``MAX_DEPTH``, naming its line, before a parser sees it.
+
+    pyarrow's JSON reader (under ``datasets``) ends the process on deep nesting and Python's runs out of stack, so
+    the brackets outside strings are counted first, a chunk of lines at a time (a JSON string never spans lines).
+    """
+    depth = 0
+    number = 0
+    with open(path, "rb") as f:
+        while lines := f.readlines(4 * MiB):
+            deepest, end = _depths(b"".join(lines), depth)
+            if deepest > MAX_DEPTH:
+                for line in lines:  # which line: the chunk again, line by line
+                    number += 1
+                    deepest, depth = _depths(line, depth)
+                    if deepest > MAX_DEPTH:
+                        raise ConfigError(
+                            Problem("", f"line {number}: nested deeper than {MAX_DEPTH} levels"), source=str(path)
+                        )
+            number += len(lines)
+            depth = end
+
+
+def _depths(chunk: bytes, depth: int) -> tuple[int, int]:
+    """The deepest level reached in ``chunk`` starting at ``depth``, and the level at its end."""
+    brackets = _JSON_STRING.sub(b"", chunk).translate(None, _NOT_BRACKETS)
+    levels = list(accumulate(map(_STEP.__getitem__, brackets), initial=depth))
+    return max(levels), levels[-1]
+
+
+def _too_deep_at(data: Any) -> str:
+    """The dotted key of the first value ``MAX_DEPTH`` levels down (``check_nesting`` found one)."""
+    # Each entry: a value, its depth, and its trail (key, is a list index, parent's trail).
+    stack: list[tuple[Any, int, _Trail]] = [(data, 1, None)]
+    while stack:
+        value, depth, trail = stack.pop()
+        if depth > MAX_DEPTH:
+            return _dotted(trail)
+        index = isinstance(value, list)
+        for key, child in enumerate(value) if index else value.items():
+            if isinstance(child, _NESTED):
+                stack.append((child, depth + 1, (key, index, trail)))
+    return ""
+
+
+def _dotted(trail: _Trail) -> str:
+    """``a.b[0].c`` from a trail."""
+    parts: list[str] = []
+    while trail is not None:
+        key, index, trail = trail
+        parts.append(f"[{key}]" if index else f".{key}")
+    return "".join(reversed(parts)).lstrip(".")
+
+
 def count_records(path: str | Path) -> int | None:
     """How many records a JSON array or JSON Lines data file holds (non-blank lines); ``None`` if it cannot tell."""
     try:
-        text = read_text(Path(path))
+        text = read_text(Path(path), limit=DATA_FILES)
     except ConfigError:
         return None
     if text.lstrip().startswith("["):
         try:
             data = json.loads(text)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than Python's stack
             return None
         return len(data) if isinstance(data, list) else None
     return sum(1 for line in text.splitlines() if line.strip())
@@ -253,7 +462,23 @@ def _parse_json(text: str, path: Path) -> dict[str, Any]:
     except _DuplicateKey as e:
         # DeepSpeed refuses JSON with a key given twice; json.loads would keep the last one silently.
         raise ConfigError(Problem("", f"key {e.key!r} given twice", "keep one"), source=str(path)) from None
+    except RecursionError:
+        raise _too_deep(path) from None
+    except ValueError as e:  # a number of more digits than Python converts
+        raise ConfigError(f"invalid JSON: {_reason(e)}", source=str(path)) from None
+    check_nesting(data, str(path))
     return _top_level(data, path, "an object")
+
+
+def _too_deep(path: Path) -> ConfigError:
+    """Nesting so deep that the parser itself ran out of stack: where it happened is not known."""
+    return ConfigError(f"nested deeper than {MAX_DEPTH} levels", source=str(path))
+
+
+def _reason(e: ValueError) -> str:
+    # "Exceeds the limit (4300 digits) for integer string conversion: ...; use sys.set_int_max_str_digits()
+    # to increase the limit": the advice is for programmers, not for the file's author.
+    return str(e).split(";")[0]
 
 
 class _DuplicateKey(Exception):
@@ -274,9 +499,27 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 _TOML_WHERE = re.compile(r"\s*\((?:at line (\d+), column (\d+)|at end of document)\)$")
 
 
+_TOML_KEY_PART = r"""(?:[A-Za-z0-9_-]+|"(?:[^"\\\n]|\\.)*"|'[^'\n]*')"""
+
+_TOML_LONG_KEY = re.compile(
+    rf"(?:^[ \t]*\[{{0,2}}|[{{,])[ \t]*{_TOML_KEY_PART}(?:[ \t]*\.[ \t]*{_TOML_KEY_PART}){{{MAX_DEPTH},}}",
+    re.MULTILINE,
+)
+"""A key with more dotted parts than ``MAX_DEPTH``, where keys stand: a line's start (a table header's too),
+or after ``{`` or ``,`` in an inline table."""
+
+
 def _parse_toml(text: str, path: Path) -> dict[str, Any]:
+    # tomllib spends time and memory with the square of a dotted key's parts (a 100,000-part key takes
+    # gigabytes): a key that would nest too deep is refused before it is parsed.
+    long_key = _TOML_LONG_KEY.search(text)
+    if long_key is not None:
+        line = text.count("\n", 0, long_key.start()) + 1
+        raise ConfigError(f"nested deeper than {MAX_DEPTH} levels at line {line}", source=str(path))
     try:
-        return tomllib.loads(text)
+        data = tomllib.loads(text)
+    except RecursionError:
+        raise _too_deep(path) from None
     except tomllib.TOMLDecodeError as e:
         # tomllib puts the position only in its message: "... (at line 2, column 3)".
         message = str(e)
@@ -289,6 +532,10 @@ def _parse_toml(text: str, path: Path) -> dict[str, Any]:
             where = f" at line {match.group(1)}, column {match.group(2)}"
         reason = message[: match.start()] if match else message
         raise ConfigError(f"invalid TOML{where}: {reason}", source=str(path)) from None
+    except ValueError as e:  # a number of more digits than Python converts
+        raise ConfigError(f"invalid TOML: {_reason(e)}", source=str(path)) from None
+    check_nesting(data, str(path))
+    return data
 
 
 def _parse_yaml(text: str, path: Path) -> dict[str, Any]:
@@ -296,8 +543,20 @@ def _parse_yaml(text: str, path: Path) -> dict[str, Any]:
         import yaml
     except ImportError:
         raise MissingDependencyError("pyyaml", "reading YAML configs", extra="yaml") from None
+    size = len(text.encode("utf-8"))
+    if size > YAML_FILES.size:
+        raise _too_large(f"the file is {_amount(size)}", YAML_FILES, str(path))
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_counting_loader())  # a SafeLoader: plain data, no Python objects
+    except _TooManyAliases:
+        raise ConfigError(
+            Problem("", f"YAML aliases expand to more than {MAX_ALIAS_VALUES:,} values", "write the values out"),
+            source=str(path),
+        ) from None
+    except _TooDeepAt as e:
+        raise ConfigError(f"nested deeper than {MAX_DEPTH} levels at {e.where}", source=str(path)) from None
+    except RecursionError:
+        raise _too_deep(path) from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -305,9 +564,68 @@ def _parse_yaml(text: str, path: Path) -> dict[str, Any]:
         raise ConfigError(f"invalid YAML{where}: {reason}", source=str(path)) from None
     except yaml.YAMLError as e:
         raise ConfigError(f"invalid YAML: {e}", source=str(path)) from None
+    except ValueError as e:  # a timestamp such as 2024-13-01, a number of more digits than Python converts
+        raise ConfigError(f"invalid YAML: {_reason(e)}", source=str(path)) from None
+    check_nesting(data, str(path))
     data = _top_level(data, path, "a mapping")
     _reject_interpolation(data, path)
     return data
+
+
+class _TooManyAliases(Exception):
+    pass
+
+
+class _TooDeepAt(Exception):
+    def __init__(self, mark: Any) -> None:
+        super().__init__(mark)
+        self.where = f"line {mark.line + 1}, column {mark.column + 1}"
+
+
+@cache
+def _counting_loader() -> type[Any]:
+    """PyYAML's ``SafeLoader``, counting as it composes how many values aliases stand for.
+
+    ``safe_load`` shares one object among the aliases of an anchor, so a "billion laughs" file loads
+    small and explodes in whatever walks, copies or writes it; the count stops it while it loads, in
+    time linear in the file. (Built on first use: PyYAML is optional.)
+    """
+    import yaml
+
+    class CountingLoader(yaml.SafeLoader):  # type: ignore[misc]
+        def __init__(self, stream: str) -> None:
+            super().__init__(stream)
+            self.values: dict[int, int] = {}  # id(node) -> values it stands for, itself included
+            self.aliased = 0
+
+        # Nesting is stopped in the scanner, which otherwise slows down with the square of the open
+        # "[" and "{" (and only later runs the composer out of stack).
+        def fetch_flow_collection_start(self, token_class: Any) -> None:
+            super().fetch_flow_collection_start(token_class)
+            if self.flow_level > MAX_DEPTH:
+                raise _TooDeepAt(self.get_mark())
+
+        def add_indent(self, column: int) -> bool:
+            added: bool = super().add_indent(column)
+            if len(self.indents) > MAX_DEPTH:
+                raise _TooDeepAt(self.get_mark())
+            return added
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            alias = self.check_event(yaml.AliasEvent)
+            node = super().compose_node(parent, index)
+            if alias:
+                # An alias to an anchor still being composed (a node holding itself) counts 1; MAX_DEPTH stops it.
+                self.aliased += self.values.get(id(node), 1)
+                if self.aliased > MAX_ALIAS_VALUES:
+                    raise _TooManyAliases
+            else:
+                children = node.value if isinstance(node.value, list) else []
+                items = [n for child in children for n in (child if isinstance(child, tuple) else (child,))]
+                self.values[id(node)] = 1 + sum(self.values.get(id(n), 1) for n in items)
+            return node
+
+    return CountingLoader
 
 
 def _reject_interpolation(data: Mapping[str, Any], path: Path) -> None:

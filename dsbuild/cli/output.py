@@ -1,13 +1,41 @@
-"""What the command prints: results on stdout, one ``dsbuild: error: ...`` line per problem on stderr."""
+"""What the command prints: results on stdout, one ``dsbuild: error: ...`` line per problem on stderr.
+
+Text from a user's file (keys, values, file names) is printed escaped: in a message, a character that is
+not printable shows as its Python escape (``\\n``, ``\\x1b``, ``\\ud800``), so a key cannot forge a line
+of output or colour the terminal; in a result on stdout, control characters but the tab and the line break
+are escaped. ``main`` makes both streams write what they cannot encode (a lone surrogate) as a backslash
+escape, never crash.
+"""
 
 from __future__ import annotations
 
 import logging
+import re
 import sys
 
 from ..errors import ConfigError, DsbuildError
 
-__all__ = ["counts", "error", "out", "plural", "report", "show_logs", "warning"]
+__all__ = ["counts", "error", "escape", "escape_lines", "out", "plural", "report", "show_logs", "warning"]
+
+
+def escape(text: str) -> str:
+    """``text`` with each character that is not printable (a line break too) written as its Python escape."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else _escaped(c) for c in text)
+
+
+def escape_lines(text: str) -> str:
+    """``text`` escaped line by line: its own line breaks kept."""
+    return "\n".join(escape(line) for line in text.split("\n"))
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+"""Control characters but the tab and the line break: never in what stdout shows (JSON and TOML escape them)."""
+
+
+def _escaped(c: str) -> str:
+    return c.encode("unicode_escape").decode("ascii")
 
 
 def show_logs() -> None:
@@ -16,31 +44,53 @@ def show_logs() -> None:
     if any(getattr(h, "dsbuild_cli", False) for h in logger.handlers):
         return
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("dsbuild: %(message)s"))
+    handler.setFormatter(_Escaped("dsbuild: %(message)s"))
     handler.dsbuild_cli = True  # type: ignore[attr-defined]
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     logger.propagate = False
 
 
+class _Escaped(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return escape_lines(super().format(record))
+
+
 def out(text: str, *, end: str = "\n") -> None:
-    print(text, end=end)
+    """Print a result on stdout (a document, a table); control characters but the tab and line break escaped."""
+    print(_CONTROL.sub(lambda m: _escaped(m.group()), text), end=end)
+
+
+_FLAGS = (
+    ("pass model= or hidden_size=", "give --hidden-size H or --model DIR"),
+    ("pass hidden_size=", "give --hidden-size H"),
+    ("pass total_steps=...", "give --total-steps N"),
+    ("pass training=...", "give --training FILE or --set training.NAME=VALUE"),
+)
+"""The library's hints name ``resolve()``'s arguments; on the command line the same facts are these options."""
+
+
+def for_the_command_line(text: str) -> str:
+    """``text`` with the hints that name ``resolve()``'s arguments naming the command's options instead."""
+    for python, flag in _FLAGS:
+        text = text.replace(python, flag)
+    return text
 
 
 def error(text: str) -> None:
-    print(f"dsbuild: error: {text}", file=sys.stderr)
+    print(f"dsbuild: error: {escape_lines(for_the_command_line(text))}", file=sys.stderr)
 
 
 def warning(text: str) -> None:
-    print(f"dsbuild: warning: {text}", file=sys.stderr)
+    print(f"dsbuild: warning: {escape_lines(text)}", file=sys.stderr)
 
 
 def report(exc: DsbuildError) -> None:
-    """One ``dsbuild: error:`` line per problem, each naming the file."""
+    """One ``dsbuild: error:`` line per problem, each naming the file (a line break in a key is escaped)."""
     if isinstance(exc, ConfigError):
-        where = f"{exc.source}: " if exc.source else ""
+        where = f"{escape(exc.source)}: " if exc.source else ""
         for problem in exc.problems:
-            error(f"{where}{problem}")
+            error(f"{where}{escape(str(problem))}")
     else:
         error(str(exc))
 

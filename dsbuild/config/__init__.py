@@ -13,6 +13,7 @@ from .core import (
     ConfigFields,
     in_strict_section,
     section_classes,
+    takes_null,
 )
 from .features import (
     Autotuning,
@@ -120,4 +121,5 @@ __all__ = [
     "ZeroOptimization",
     "in_strict_section",
     "section_classes",
+    "takes_null",
 ]

@@ -44,6 +44,7 @@ __all__ = [
     "ConfigFields",
     "in_strict_section",
     "section_classes",
+    "takes_null",
 ]
 
 PASSTHROUGH_KEYS: Mapping[str, str] = {
@@ -66,6 +67,15 @@ optional. The other sections it reads by hand, where a ``null`` reads as the key
 def in_strict_section(path: str) -> bool:
     """Whether the dotted key ``path`` lies in one of the ``STRICT_SECTIONS``."""
     return any(path.startswith(f"{s}.") for s in STRICT_SECTIONS)
+
+
+def takes_null(spec: f.Spec, path: str) -> bool:
+    """Whether DeepSpeed reads a ``null`` of a field of the section at ``path`` as its default (``Spec.null``, else
+    by how it reads the section: a pydantic model refuses it, a section read by hand takes it; a whole section must
+    be a table)."""
+    if spec.null is not None:
+        return spec.null
+    return spec.kind != "section" and not (path in STRICT_SECTIONS or in_strict_section(path))
 
 
 NOT_KEYS = frozenset({"extra", "ignored", "coerced", "source", "provenance"})

@@ -77,7 +77,7 @@ class Spec:
     section: type | None = None
     null: bool | None = None
     """Whether a file's ``null`` is read as "unset" (DeepSpeed takes it as the default) or refused (DeepSpeed
-    refuses it); ``None``: as DeepSpeed reads the section (see ``core.STRICT_SECTIONS``)."""
+    refuses it); ``None``: as DeepSpeed reads the section (``core.takes_null``, ``core.STRICT_SECTIONS``)."""
 
 
 def describe(value: object) -> str:

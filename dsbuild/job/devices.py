@@ -8,9 +8,13 @@ from typing import Any
 from ..config.fields import describe
 from ..errors import ConfigError, Problem
 
-__all__ = ["parse_device_mapping"]
+__all__ = ["MAX_DEVICES", "parse_device_mapping"]
 
-_INT = r"\s*(\d+)\s*"
+MAX_DEVICES = 65536
+"""The most device ids a mapping may name: counted before any list is made, so ``"0-99999999999"`` is an error,
+not a list that fills memory."""
+
+_INT = r"\s*(\d{1,18})\s*"
 
 
 _RANGE_ARGS = rf"{_INT}(?:,{_INT}(?:,{_INT})?)?"
@@ -19,20 +23,22 @@ _RANGE_ARGS = rf"{_INT}(?:,{_INT}(?:,{_INT})?)?"
 _RANGE = re.compile(rf"(?:list\s*\(\s*range\s*\({_RANGE_ARGS}\)\s*\)|range\s*\({_RANGE_ARGS}\))")
 
 
-_SPAN = re.compile(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?")
+_SPAN = re.compile(r"\s*(\d{1,18})\s*(?:-\s*(\d{1,18})\s*)?")
 
 
 def parse_device_mapping(value: Any) -> tuple[int, ...]:
     """Device ids from a list, ``"0-15"``, ``"0,1,2"``, ``"0-3,8-11"``, ``"[0, 1]"`` or ``"list(range(0,16))"``.
 
-    Text is matched against these forms only; nothing is ever evaluated. Raises
-    ``ConfigError`` for anything else, for duplicates and for an empty mapping.
+    Text is matched against these forms only; nothing is ever evaluated, and the ids are counted before they are
+    listed (at most ``MAX_DEVICES``). Raises ``ConfigError`` for anything else, for duplicates and for an empty
+    mapping.
     """
     expected = 'expected a list of device ids, "0-15", "0,1,2" or "list(range(0,16))"'
     ids: list[int]
     if isinstance(value, (list, tuple)):
         if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in value):
             raise ConfigError(Problem("", f"got {describe(value)}, expected non-negative integers"))
+        _bounded(len(value))
         ids = list(value)
     elif isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         ids = [value]
@@ -63,10 +69,12 @@ def _parse_mapping_text(text: str) -> list[int] | None:
         start, stop, step = numbers[0], numbers[1], numbers[2] if len(numbers) == 3 else 1
         if step == 0:
             return None
-        return list(range(start, stop, step))
+        ids = range(start, stop, step)
+        _bounded(len(ids))  # a range's length is known without listing it
+        return list(ids)
     if text.startswith("[") and text.endswith("]"):
         text = text[1:-1]
-    ids: list[int] = []
+    spans: list[range] = []
     for part in text.split(","):
         span = _SPAN.fullmatch(part)
         if span is None:
@@ -75,5 +83,11 @@ def _parse_mapping_text(text: str) -> list[int] | None:
         last = int(span.group(2)) if span.group(2) is not None else first
         if last < first:
             return None
-        ids.extend(range(first, last + 1))
-    return ids
+        spans.append(range(first, last + 1))
+    _bounded(sum(len(span) for span in spans))
+    return [i for span in spans for i in span]
+
+
+def _bounded(count: int) -> None:
+    if count > MAX_DEVICES:
+        raise ConfigError(Problem("", f"names {count} devices; at most {MAX_DEVICES} are supported"))

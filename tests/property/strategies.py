@@ -6,16 +6,22 @@ and returns the ``Config`` it builds. Field values are drawn from each field's d
 
 ``json_values()`` / ``json_dicts()`` draw arbitrary JSON, keys often taken from DeepSpeed's own
 vocabulary; ``mutated_ds_dicts()`` takes a real ds_config and breaks it in a few places.
+
+``file_bytes(suffix)`` draws the bytes of a file a user might hand us: random bytes, a document
+written in the file's format and then cut short or corrupted, or a hostile one (nesting deeper than
+any stack, YAML alias bombs, lone surrogates, numbers of thousands of digits).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import string
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
+import tomli_w
 from hypothesis import strategies as st
 
 from dsbuild import AUTO, Config
@@ -42,6 +48,7 @@ __all__ = [
     "DS_KEYS",
     "configs",
     "ds_like_dicts",
+    "file_bytes",
     "json_dicts",
     "json_values",
     "mutated_ds_dicts",
@@ -139,10 +146,13 @@ def _ints(spec: Spec) -> st.SearchStrategy[int]:
 def _floats(spec: Spec) -> st.SearchStrategy[float | int]:
     """Numbers in range: floats, and sometimes ints (``lr=1`` is kept an int, as written)."""
     lo = spec.ge if spec.ge is not None else spec.gt if spec.gt is not None else -1e6
-    hi = spec.le if spec.le is not None else 1e6
-    floats = st.floats(lo, hi, exclude_min=spec.gt is not None, allow_nan=False, allow_infinity=False)
+    hi = spec.le if spec.le is not None else spec.lt if spec.lt is not None else 1e6
+    floats = st.floats(
+        lo, hi, exclude_min=spec.gt is not None, exclude_max=spec.lt is not None, allow_nan=False, allow_infinity=False
+    )
     int_lo = math.floor(spec.gt) + 1 if spec.gt is not None else math.ceil(lo)
-    return st.one_of(floats, st.integers(int_lo, math.floor(hi)))
+    int_hi = math.ceil(spec.lt) - 1 if spec.lt is not None else math.floor(hi)
+    return st.one_of(floats, st.integers(int_lo, int_hi)) if int_lo <= int_hi else floats
 
 
 def spec_values(spec: Spec, *, auto: bool = True) -> st.SearchStrategy[Any]:
@@ -160,10 +170,11 @@ def spec_values(spec: Spec, *, auto: bool = True) -> st.SearchStrategy[Any]:
     elif kind == "choice":
         base = st.sampled_from(spec.choices)
     elif kind == "strs":
-        items = st.lists(st.one_of(_PLAIN_TEXT, st.just("auto")), max_size=3)
+        item = st.sampled_from(spec.choices) if spec.choices else st.one_of(_PLAIN_TEXT, st.just("auto"))
+        items = st.lists(item, max_size=3)
         base = st.one_of(items, items.map(tuple))  # the builder takes lists; the class holds tuples
     elif kind == "pair":
-        number = st.floats(0, 1, allow_nan=False)
+        number = _floats(spec)  # within the bounds: betas are >= 0 and < 1
         pairs = st.tuples(number, number)
         base = st.one_of(pairs, pairs.map(list), st.tuples(number, st.just(AUTO)))
     elif kind == "section":
@@ -402,3 +413,91 @@ def _get(d: Any, path: tuple[Any, ...]) -> Any:
     for step in path:
         d = d[step]
     return d
+
+
+# -- file contents --------------------------------------------------------------------
+
+
+def _written(suffix: str, data: dict[str, Any]) -> str:
+    """``data`` as the text of a ``suffix`` file (JSON where the format cannot hold it)."""
+    if suffix == ".toml":
+        try:
+            return tomli_w.dumps(data)
+        except (TypeError, ValueError):  # a null, or a key TOML cannot write
+            pass
+    elif suffix in (".yaml", ".yml"):
+        import yaml
+
+        return str(yaml.safe_dump(data, allow_unicode=True))
+    return json.dumps(data)
+
+
+@st.composite
+def _damaged(draw: st.DrawFn, suffix: str) -> bytes:
+    """A document in the file's format, then maybe cut short and maybe with a few bytes changed."""
+    data = draw(st.one_of(json_dicts(finite=False), ds_like_dicts()))
+    raw = bytearray(_written(suffix, data).encode("utf-8", "surrogatepass"))
+    if draw(st.booleans()):
+        del raw[draw(st.integers(0, len(raw))) :]
+    for _ in range(draw(st.integers(0, 3))):
+        if raw:
+            raw[draw(st.integers(0, len(raw) - 1))] = draw(st.integers(0, 255))
+    return bytes(raw)
+
+
+def _nested(suffix: str, depth: int, opener: str) -> str:
+    """A value ``depth`` tables or lists deep under key ``a``, closed or not."""
+    if suffix == ".toml":
+        inner = "{a = " * depth + "1" + "}" * depth if opener == "{" else "[" * depth + "]" * depth
+        return f"a = {inner}\n"
+    if suffix == ".json":
+        inner = '{"a": ' * depth + "1" + "}" * depth if opener == "{" else "[" * depth + "]" * depth
+        return f'{{"a": {inner}}}'
+    inner = "{a: " * depth + "1" + "}" * depth if opener == "{" else "[" * depth + "]" * depth
+    return f"a: {inner}\n"
+
+
+def _alias_bomb(levels: int, width: int) -> str:
+    """YAML anchors each listing the one before ``width`` times: ``width ** levels`` values when expanded."""
+    lines = [f"l0: &l0 [{', '.join(['lol'] * width)}]"]
+    for i in range(1, levels + 1):
+        lines.append(f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * width)}]")
+    return "\n".join(lines) + "\n"
+
+
+def _merge_bomb(levels: int) -> str:
+    """YAML merge keys (``<<``) each merging the mapping before nine times."""
+    lines = ["m0: &m0 {a: 1, b: 2}"]
+    for i in range(1, levels + 1):
+        lines.append(f"m{i}: &m{i} {{<<: [{', '.join([f'*m{i - 1}'] * 9)}], k{i}: 1}}")
+    return "\n".join(lines) + "\n"
+
+
+@st.composite
+def _hostile(draw: st.DrawFn, suffix: str) -> bytes:
+    """What breaks naive readers: nesting past any stack, alias bombs, lone surrogates, huge numbers."""
+    depth = draw(st.one_of(st.integers(1, 80), st.integers(80, 5000)))
+    texts = [
+        _nested(suffix, depth, draw(st.sampled_from(["{", "["]))),
+        ('{"\\ud800": 1, "a\\u001b[2J\\nb": 2}' if suffix == ".json" else '"\\u001b[2J\\nb" = 1\n'),
+        f"a = {'9' * draw(st.integers(4000, 6000))}\n"
+        if suffix == ".toml"
+        else (f'{{"a": {"9" * 5000}}}' if suffix == ".json" else f"a: {'9' * 5000}\n"),
+        "\ufeff" + _written(suffix, {"train_batch_size": 8}),
+        "\x00" * draw(st.integers(1, 100)),
+    ]
+    if suffix in (".yaml", ".yml"):
+        texts += [
+            _alias_bomb(draw(st.integers(1, 9)), draw(st.integers(1, 9))),
+            "a: &a [*a]\n",
+            _merge_bomb(draw(st.integers(1, 9))),
+            "!!python/object/apply:os.system [echo hi]\n",
+            "a: 2024-13-45\n",
+        ]
+    text = draw(st.sampled_from(texts))
+    return text.encode("utf-8", "surrogatepass")
+
+
+def file_bytes(suffix: str) -> st.SearchStrategy[bytes]:
+    """The bytes of a ``suffix`` file: random, a damaged document in that format, or a hostile one."""
+    return st.one_of(st.binary(max_size=512), _damaged(suffix), _hostile(suffix))

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import ast
 import inspect
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,6 +35,7 @@ from dsbuild.config import (
     section_classes,
 )
 from dsbuild.config.fields import key_of
+from dsbuild.docstrings import attribute_docs
 
 PARAMS_CLASSES: tuple[type[Any], ...] = (
     AdamParams,
@@ -539,29 +538,10 @@ def test_provenance_fields_do_not_count_for_equality() -> None:
     assert Config(source="file a.json", provenance={"x": "y"}, ignored={"_comment": 1}) == Config()
 
 
-def _field_docstrings(cls: type[Any]) -> dict[str, str | None]:
-    """attribute name -> the string literal right after its annotated assignment in the class body."""
-    module = sys.modules[cls.__module__]
-    tree = ast.parse(Path(inspect.getfile(module)).read_text())
-    body = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls.__name__).body
-    out: dict[str, str | None] = {}
-    for node, after in zip(body, [*body[1:], None], strict=True):
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            doc = None
-            if (
-                isinstance(after, ast.Expr)
-                and isinstance(after.value, ast.Constant)
-                and isinstance(after.value.value, str)
-            ):
-                doc = after.value.value
-            out[node.target.id] = doc
-    return out
-
-
 @pytest.mark.parametrize("cls", ALL_CLASSES, ids=lambda c: c.__name__)
 def test_every_field_has_a_one_line_docstring(cls: type[Any]) -> None:
     """Each field of each section is followed by a one-line attribute docstring (read from the source)."""
-    docs = _field_docstrings(cls)
+    docs = attribute_docs(cls)
     for a in attrs.fields(cls):
         assert a.name in docs, f"{cls.__name__}.{a.name} is not declared in the class body"
         doc = docs[a.name]

@@ -274,7 +274,10 @@ def test_numbers_written_as_text_are_read_as_numbers() -> None:
             {"optimizer": {"type": "AdamW", "params": {"betas": [1.5, 0.999]}}},
             "optimizer.params.betas: got a list [1.5, 0.999], expected a list of two numbers each >= 0 and < 1",
         ),
-        ({"fp16": {"initial_scale_power": 100000}}, "fp16.initial_scale_power: got 100000, expected an integer <= 1023"),
+        (
+            {"fp16": {"initial_scale_power": 100000}},
+            "fp16.initial_scale_power: got 100000, expected an integer <= 1023",
+        ),
         (
             {"zero_optimization": {"stage": None}},
             "zero_optimization.stage: null: DeepSpeed needs a value here (remove the key for DeepSpeed's default)",

@@ -1,0 +1,155 @@
+"""A job's model and tokenizer: checked before launch, and what ``Session`` builds them from.
+
+``[model.config]`` is checked against the transformers config class of its ``model_type``: every
+field a name of the class (a misspelling is an error) holding a value of the type of the class's
+default (``hidden_size = "big"`` is an error). ``name_or_path`` and ``tokenizer`` must be a local
+directory or a hub id: a path that does not exist is an error naming the key, not the hub's "Repo id
+must be in the form". Before launch, dsbuild does not reach the hub: ``dsbuild validate`` (and any
+run with ``HF_HUB_OFFLINE=1``) wants a hub id in the local Hugging Face cache; ``dsbuild train``
+otherwise lets transformers download it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .config.fields import describe
+from .errors import ConfigError, Problem
+from .job import BYTE_TOKENIZER, ModelSpec
+from .suggest import did_you_mean
+
+__all__ = ["build_tokenizer", "model_problems", "model_source"]
+
+_KINDS: dict[type, tuple[type, ...]] = {bool: (bool,), int: (int,), float: (int, float), str: (str,), list: (list,)}
+_WORDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string", list: "a list"}
+
+
+def model_problems(spec: ModelSpec, *, hub: bool) -> list[Problem]:
+    """Every problem of the job's ``[model]`` that transformers would hit at launch (transformers is imported).
+
+    ``hub``: whether a hub id may be fetched at launch; when not, it must be in the local cache.
+    """
+    problems: list[Problem] = []
+    if spec.config is not None:
+        problems += _config_problems(spec.config)
+    offline = not hub or _offline()
+    if spec.name_or_path is not None:
+        problems += _where(spec.name_or_path, "model.name_or_path", "config.json", offline)
+    if spec.tokenizer is not None and spec.tokenizer != BYTE_TOKENIZER:
+        problems += _where(spec.tokenizer, "model.tokenizer", "tokenizer_config.json", offline)
+    return problems
+
+
+def model_source(spec: ModelSpec) -> Any:
+    """What ``Session.from_pretrained`` builds from: a ``PretrainedConfig`` for ``[model.config]``, else the path / id.
+
+    Raises ``ConfigError`` with every problem ``model_problems`` finds in the config.
+    """
+    if spec.config is None:
+        assert spec.name_or_path is not None
+        return spec.name_or_path
+    problems = _config_problems(spec.config)
+    if problems:
+        raise ConfigError(problems)
+    cls = _config_class(str(spec.config["model_type"]))
+    assert cls is not None
+    fields = {k: v for k, v in spec.config.items() if k != "model_type"}
+    try:
+        return cls(**fields)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(Problem("model.config", f"{cls.__name__} refuses it: {e}")) from None
+
+
+def build_tokenizer(spec: ModelSpec) -> Any:
+    """The job's tokenizer: ByT5's byte-level one for ``"byte"``, else ``AutoTokenizer`` from the path / id."""
+    if spec.tokenizer == BYTE_TOKENIZER:
+        from transformers import ByT5Tokenizer
+
+        return ByT5Tokenizer()
+    from transformers import AutoTokenizer
+
+    where = spec.tokenizer or spec.name_or_path
+    try:
+        return AutoTokenizer.from_pretrained(where)
+    except (OSError, ValueError) as e:
+        path = "model.tokenizer" if spec.tokenizer else "model.name_or_path"
+        raise ConfigError(Problem(path, f"cannot load a tokenizer from {where!r}: {e}".splitlines()[0])) from None
+
+
+def _config_class(model_type: str) -> Any:
+    from transformers import CONFIG_MAPPING
+
+    return CONFIG_MAPPING[model_type] if model_type in CONFIG_MAPPING else None
+
+
+def _config_problems(config: Mapping[str, Any]) -> list[Problem]:
+    """Names and types of ``[model.config]`` against the config class of its ``model_type``.
+
+    A name that is not the class's but close to one is a typo (transformers would keep it as a
+    stray attribute); others pass (legacy names such as ``rope_theta`` are still read).
+    """
+    from transformers import CONFIG_MAPPING
+
+    model_type = str(config["model_type"])
+    cls = _config_class(model_type)
+    if cls is None:
+        hint = did_you_mean(model_type, list(CONFIG_MAPPING.keys()))
+        return [Problem("model.config.model_type", f"unknown model type {model_type!r}", hint)]
+    defaults = cls().to_dict()
+    known = set(inspect.signature(cls.__init__).parameters) | set(defaults) | set(cls.attribute_map)
+    problems = []
+    for key, value in config.items():
+        if key == "model_type":
+            continue
+        if key not in known:
+            suggestion = did_you_mean(key, known)
+            if suggestion is not None:
+                problems.append(Problem(f"model.config.{key}", f"not a {cls.__name__} field", suggestion))
+            continue
+        default = defaults.get(cls.attribute_map.get(key, key))
+        kind = type(default)
+        if kind in _KINDS and not (isinstance(value, _KINDS[kind]) and (kind is bool or not isinstance(value, bool))):
+            problems.append(
+                Problem(
+                    f"model.config.{key}",
+                    f"got {describe(value)}, expected {_WORDS[kind]} ({cls.__name__}'s default is {default!r})",
+                )
+            )
+    return problems
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _where(value: str, key: str, marker: str, offline: bool) -> list[Problem]:
+    """Problems of a model or tokenizer location: a local directory, or a hub id (cached, when ``offline``)."""
+    path = Path(value).expanduser()
+    if path.exists():
+        return [] if path.is_dir() else [Problem(key, f"{value}: not a directory")]
+    from huggingface_hub import constants, try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id  # type: ignore[attr-defined]  # exported, not in __all__
+
+    looks_like_path = value.startswith((".", "/", "~")) or value.count("/") > 1 or os.sep in value.replace("/", "")
+    try:
+        validate_repo_id(value)
+    except HFValidationError:
+        looks_like_path = True
+    if looks_like_path:
+        return [Problem(key, f"{value}: no such directory", "give an existing model directory, or a hub id org/name")]
+    cached = try_to_load_from_cache(value, marker)
+    if isinstance(cached, str) or not offline:
+        return []
+    return [
+        Problem(
+            key,
+            f"{value!r} is not a local directory, nor in the Hugging Face cache ({constants.HF_HUB_CACHE}); "
+            "the hub is not reached before launch",
+            f"download it first with: hf download {value}; or give a local directory",
+        )
+    ]

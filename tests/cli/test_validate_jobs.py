@@ -1,0 +1,118 @@
+"""``dsbuild validate JOB`` checks what would otherwise fail at launch: ``[model.config]`` against the transformers
+config class (names and types), ``name_or_path`` / ``tokenizer`` (a directory, or a hub id in the local cache),
+and ``device_mapping`` (bounded before any list is made)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from dsbuild.cli import main
+from dsbuild.errors import ConfigError
+from dsbuild.job import MAX_DEVICES, parse_device_mapping
+
+pytest.importorskip("transformers")
+
+JOB = """\
+[model]
+{model}
+
+[data]
+path = "train.jsonl"
+format = "text"
+
+[training]
+max_steps = 2
+
+[strategy]
+config = "zero2"
+"""
+
+CONFIG = """\
+tokenizer = "byte"
+[model.config]
+model_type = "llama"
+hidden_size = 64
+num_hidden_layers = 2
+"""
+
+
+def validate(capsys: pytest.CaptureFixture[str], tmp_path: Path, model: str) -> tuple[int, str]:
+    (tmp_path / "train.jsonl").write_text('{"text": "hello"}\n', encoding="utf-8")
+    job = tmp_path / "job.toml"
+    job.write_text(JOB.format(model=model), encoding="utf-8")
+    code = main(["validate", str(job)])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    return code, out
+
+
+def test_a_valid_model_config_passes(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A [model.config] whose names and types are LlamaConfig's passes."""
+    code, out = validate(capsys, tmp_path, CONFIG)
+    assert code == 0, out
+
+
+def test_model_config_values_are_checked_against_the_config_class(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """hidden_size = "big" and a misspelt field are errors naming the key, before transformers sees them."""
+    code, out = validate(capsys, tmp_path, CONFIG.replace("64", '"big"') + "num_hiden_layers = 2\n")
+    assert code == 1
+    assert "model.config.hidden_size: got 'big', expected an integer (LlamaConfig's default is 4096)" in out
+    assert "model.config.num_hiden_layers: not a LlamaConfig field (did you mean 'num_hidden_layers'?)" in out
+
+
+def test_a_missing_model_directory_names_the_key(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A path that does not exist is "no such directory" under model.name_or_path, not the hub's repo-id error."""
+    code, out = validate(capsys, tmp_path, 'name_or_path = "./models/llama"')
+    assert code == 1
+    assert "model.name_or_path: ./models/llama: no such directory" in out
+    assert "Repo id" not in out
+
+
+def test_a_hub_id_not_in_the_cache_is_an_error_before_launch(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """validate does not reach the hub: a hub id must be in the local cache, and the error says so."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    code, out = validate(capsys, tmp_path, 'name_or_path = "some-org/some-model"\ntokenizer = "some-org/other"')
+    assert code == 1
+    assert "model.name_or_path: 'some-org/some-model' is not a local directory, nor in the Hugging Face cache" in out
+    assert "model.tokenizer: 'some-org/other' is not a local directory" in out
+
+
+def test_a_local_model_directory_passes(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """An existing directory is taken as the model (relative to the job file)."""
+    (tmp_path / "model").mkdir()
+    code, out = validate(capsys, tmp_path, 'name_or_path = "model"')
+    assert code == 0, out
+
+
+@pytest.mark.parametrize("text", ["0-99999999999", "list(range(0,100000000))", "0-1," + "9" * 5000])
+def test_device_mapping_is_bounded_before_it_is_listed(text: str) -> None:
+    """A mapping naming billions of devices (or a number of thousands of digits) is refused at once."""
+    start = time.monotonic()
+    with pytest.raises(ConfigError):
+        parse_device_mapping(text)
+    assert time.monotonic() - start < 5
+    assert len(parse_device_mapping(f"0-{MAX_DEVICES - 1}")) == MAX_DEVICES
+
+
+@pytest.mark.slow
+def test_nproc_per_node_overrides_the_device_mapping(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--nproc-per-node 1 with a two-device mapping trains on one process, saying the option overrides the mapping
+    (as docs/jobs.md promises), instead of refusing the job."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.jsonl").write_text("".join('{"text": "1+1=2"}\n' for _ in range(8)), encoding="utf-8")
+    job = tmp_path / "job.toml"
+    text = JOB.format(model=CONFIG).replace("max_steps = 2", "max_steps = 1\nper_device_train_batch_size = 2")
+    job.write_text(text + '\n[launch]\ndevice_mapping = "0-1"\n', encoding="utf-8")
+    code = main(["train", str(job), "--nproc-per-node", "1"])
+    _, err = capsys.readouterr()
+    assert code == 0, err
+    assert "--nproc-per-node 1 overrides launch.device_mapping (2 devices)" in err
