@@ -5,7 +5,8 @@ starts ``python -m dsbuild.run JOB --set KEY=VALUE ... [--resume]`` on every ran
 through torchrun for more (``dsbuild.launch``). Each process:
 
 1. reads the job (the same file and ``--set`` overrides on every rank),
-2. builds the tokenizer and the data (every rank tokenizes the records; each trains on its share),
+2. builds the tokenizer and the data (the first rank of each node checks and tokenizes the records into
+   ``datasets``' cache, the others then read it; each rank trains on its share),
 3. builds the model inside ``Session.from_pretrained`` (``zero.Init`` at ZeRO-3, LoRA with peft),
 4. with ``--resume``, loads the latest complete checkpoint (engine, data position, RNG),
 5. trains with ``Session.fit``: checkpoints every ``save_steps`` (``save_total_limit`` kept),
@@ -24,20 +25,22 @@ import functools
 import hashlib
 import logging
 import math
+import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
 import attrs
 
 from . import history
+from .data import Datasets
 from .errors import ConfigError, Problem
 from .history import read as read_history
-from .job import BYTE_TOKENIZER, Job, ModelSpec
+from .job import BYTE_TOKENIZER, Job
 from .manifest import candidates, fingerprint, read_latest, sha256_file
+from .model import build_tokenizer, model_source
 from .plot import plot_in_child
-from .suggest import did_you_mean
 
 logger = logging.getLogger("dsbuild")
 
@@ -46,8 +49,6 @@ __all__ = [
     "LOSS_PLOT",
     "Prepared",
     "RunResult",
-    "build_tokenizer",
-    "model_source",
     "preflight",
     "prepare",
     "run",
@@ -74,82 +75,15 @@ class RunResult:
     output_dir: Path
 
 
-# -- model and tokenizer ------------------------------------------------------------------
-
-
-def model_source(spec: ModelSpec) -> Any:
-    """What ``Session.from_pretrained`` builds from: a ``PretrainedConfig`` for ``[model.config]``, else the path / id.
-
-    A config field that is not one of the model type's, but close to one, is a typo and an
-    error (transformers would keep it as a stray attribute); others pass (legacy names such
-    as ``rope_theta`` are still read by transformers).
-    """
-    if spec.config is None:
-        assert spec.name_or_path is not None
-        return spec.name_or_path
-    import inspect
-
-    from transformers import CONFIG_MAPPING
-
-    fields = {k: v for k, v in spec.config.items() if k != "model_type"}
-    model_type = str(spec.config["model_type"])
-    if model_type not in CONFIG_MAPPING:
-        names = list(CONFIG_MAPPING.keys())
-        raise ConfigError(
-            Problem("model.config.model_type", f"unknown model type {model_type!r}", did_you_mean(model_type, names))
-        )
-    cls = CONFIG_MAPPING[model_type]
-    known = set(inspect.signature(cls.__init__).parameters) | set(cls().to_dict()) | set(cls.attribute_map)
-    problems = []
-    for key in fields:
-        if key not in known:
-            suggestion = did_you_mean(key, known)
-            if suggestion is not None:
-                problems.append(Problem(f"model.config.{key}", f"not a {cls.__name__} field", suggestion))
-    if problems:
-        raise ConfigError(problems)
-    try:
-        return cls(**fields)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(Problem("model.config", f"{cls.__name__} refuses it: {e}")) from None
-
-
-def build_tokenizer(spec: ModelSpec) -> Any:
-    """The job's tokenizer: ByT5's byte-level one for ``"byte"``, else ``AutoTokenizer`` from the path / id."""
-    if spec.tokenizer == BYTE_TOKENIZER:
-        from transformers import ByT5Tokenizer
-
-        return ByT5Tokenizer()
-    from transformers import AutoTokenizer
-
-    where = spec.tokenizer or spec.name_or_path
-    try:
-        return AutoTokenizer.from_pretrained(where)
-    except (OSError, ValueError) as e:
-        path = "model.tokenizer" if spec.tokenizer else "model.name_or_path"
-        raise ConfigError(Problem(path, f"cannot load a tokenizer from {where!r}: {e}".splitlines()[0])) from None
-
-
-@attrs.frozen
-class Datasets:
-    """A job's data, tokenized: training and evaluation samples, and what tokenizing cut or left out."""
-
-    train: list[dict[str, list[int]]]
-    evaluation: list[dict[str, list[int]]] | None
-    note: str
-
-
 def preflight(job: Job) -> Datasets | None:
     """What can be checked before any process starts: the model config, every data record, and (with a tokenizer
     at hand: the byte one or a local one) that the data has tokens to train on. The tokenized data, when made."""
-    from .data import read_records
+    from .data import check
 
     model_source(job.model)
     if job.model.tokenizer == BYTE_TOKENIZER or (job.model.tokenizer and Path(job.model.tokenizer).exists()):
         return _datasets(job, build_tokenizer(job.model))
-    for path in (job.data.path, job.data.eval_path):
-        if path is not None:
-            read_records(path, job.data.format, text_field=job.data.text_field)
+    check(job.data)
     return None
 
 
@@ -159,42 +93,58 @@ def preflight(job: Job) -> Datasets | None:
 def _datasets(job: Job, tokenizer: Any) -> Datasets:
     """Tokenized training and evaluation samples, and a note on what was cut or left out (or ``""``).
 
-    A file none of whose samples has a token to train on is refused here, before any training: a run on it
-    would only produce NaN losses.
+    Data none of whose samples has a token to train on is refused here, before any training: a run on it
+    would only produce NaN losses. In a run of several processes the first process of each node loads and
+    tokenizes first (into ``datasets``' cache on that node) while the others wait; they then read its cache.
     """
-    from .data import read_records, tokenize
+    from .data import load
+    from .session import distributed
 
-    notes = []
-
-    def load(path: Path, what: str) -> list[dict[str, list[int]]]:
-        records = read_records(path, job.data.format, text_field=job.data.text_field)
-        done = tokenize(records, tokenizer, job.data.format, job.data.max_length, template=job.data.template)
-        if done.truncated:
-            notes.append(f"{done.truncated} {what} samples cut at max_length {job.data.max_length}")
-        if done.dropped:
-            notes.append(f"{done.dropped} {what} samples left out: no token of theirs is trained on")
-        if not done.samples:
-            key = "data.path" if what == "training" else "data.eval_path"
-            raise ConfigError(
-                Problem(
-                    key,
-                    f"{path}: none of its {len(records)} samples has a token to train on",
-                    "check the text / output fields are not empty, and that max_length leaves room for the response",
-                )
-            )
-        return done.samples
-
-    train = load(job.data.path, "training")
-    evaluation = load(job.data.eval_path, "evaluation") if job.data.eval_path is not None else None
-    return Datasets(train, evaluation, "; ".join(notes))
+    several = distributed.world_size() > 1
+    first_on_node = int(os.environ.get("LOCAL_RANK", "0")) == 0
+    if several:
+        distributed.init()  # the barrier needs the process group (Session.from_pretrained reuses it)
+        if not first_on_node:
+            distributed.barrier()
+    try:
+        return load(job.data, tokenizer, seed=job.training.seed)
+    finally:
+        if several and first_on_node:
+            distributed.barrier()  # also when it failed: the others then fail the same way, instead of waiting
 
 
 def data_fingerprint(job: Job) -> str:
     """A digest of the job's data as training sees it: the files' contents and how they are read."""
-    parts: list[Any] = [job.data.format, job.data.max_length, job.data.template, job.data.text_field]
-    for path in (job.data.path, job.data.eval_path):
-        parts.append(_file_digest(path) if path is not None else None)
+    spec = job.data
+    parts: list[Any] = [spec.format, spec.max_length, spec.template, spec.text_field]
+    # Options added later count only when set, so that a run that sets none keeps its fingerprint.
+    more = {
+        "columns": {key: name for key, name in spec.columns.items() if key != "text"},  # text_field is above
+        "split": spec.split,
+        "eval_split": spec.eval_split,
+        "chat_template": spec.chat_template,
+        "packing": spec.packing,
+        "train_on_prompt": spec.train_on_prompt,
+    }
+    defaults = {"columns": {}, "split": "train", "packing": False, "train_on_prompt": False}
+    set_now = {key: value for key, value in more.items() if value != defaults.get(key)}
+    if set_now:
+        parts.append(set_now)
+    for path in (spec.path, spec.eval_path):
+        parts.append(_source_digest(path) if path is not None else None)
     return fingerprint(*parts)
+
+
+def _source_digest(path: Path | str) -> str:
+    """A data file's digest; a folder's, of its files' names and digests; a hub id itself."""
+    if not isinstance(path, Path):
+        return f"hub:{path}"
+    if path.is_file():
+        return _file_digest(path)
+    digest = hashlib.sha256()
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        digest.update(f"{file.relative_to(path)}\0{_file_digest(file)}\0".encode())
+    return digest.hexdigest()
 
 
 _WHOLE: Final = 256 * 2**20
@@ -260,8 +210,8 @@ class Prepared:
 
     session: Any
     """The ``Session`` (model built, config resolved and checked; the engine starts on first use)."""
-    train: list[dict[str, list[int]]]
-    evaluation: list[dict[str, list[int]]] | None
+    train: Sequence[dict[str, list[int]]]
+    evaluation: Sequence[dict[str, list[int]]] | None
     collate_fn: Callable[[list[Any]], Any]
     """Pads a list of samples into a batch of tensors."""
     total_steps: int

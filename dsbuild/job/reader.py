@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from functools import cache
@@ -14,15 +13,25 @@ import attrs
 from ..api import Config
 from ..config import PASSTHROUGH_KEYS
 from ..config.fields import Spec, check_value, coerce, describe, key_of
+from ..config.walk import leaves
 from ..errors import ConfigError, DsbuildError, Problem
-from ..io import SUFFIXES, merge, parser_for, read_dict, read_text, to_config
+from ..io import SUFFIXES, merge, read_dict, read_table, real_path, to_config
 from ..presets import preset_names, preset_path
 from ..resolve import model_hidden_size
 from ..suggest import did_you_mean
 from ..training import Training
 from .complete import complete
 from .devices import parse_device_mapping
-from .formats import FORMATS, TEMPLATES
+from .formats import (
+    CHAT_FORMATS,
+    DATA_SUFFIXES,
+    FIELDS,
+    FORMATS,
+    TEMPLATE_KEYS,
+    TEMPLATES,
+    is_hub_id,
+    template_problems,
+)
 from .spec import (
     ATTN_IMPLEMENTATIONS,
     BYTE_TOKENIZER,
@@ -71,8 +80,7 @@ _HINTS: Final = {
 def read_job_dict(path: str | Path) -> dict[str, Any]:
     """The raw table of a job file (TOML; JSON or YAML by suffix); unreadable files raise ``ConfigError``."""
     path = Path(path)
-    parse = parser_for(path, str(path))
-    return parse(read_text(path), path)
+    return read_table(path)
 
 
 def looks_like_job(data: Mapping[str, Any]) -> bool:
@@ -142,17 +150,28 @@ class JobReader:
             return default
         return value
 
-    def file(self, value: str, path: str, *, what: str) -> Path | None:
-        candidate = (self.base_dir / Path(value).expanduser()).resolve()
+    def data_source(self, value: str, path: str, *, what: str) -> Path | str | None:
+        """A data file or folder (made absolute), or a hub dataset id (kept); anything else is a problem at ``path``."""
+        candidate = real_path(self.base_dir / Path(value).expanduser())
         if candidate.is_file():
+            if candidate.suffix.lower() in DATA_SUFFIXES:
+                return candidate
+            self.problem(
+                path,
+                f"not a data file dsbuild reads: {str(candidate)!r}",
+                f"expected {', '.join(DATA_SUFFIXES)}, a folder of them, a save_to_disk folder or a hub dataset id",
+            )
+            return None
+        if candidate.is_dir():
             return candidate
-        note = "is a directory" if candidate.is_dir() else "no such file"
-        self.problem(path, f"{note}: {str(candidate)!r}", f"{what}, relative to the job file")
+        if is_hub_id(value):
+            return value
+        self.problem(path, f"no such file: {str(candidate)!r}", f"{what}, relative to the job file")
         return None
 
     def local_or_hub(self, value: str) -> str:
         """A local directory (made absolute) or a hub id (kept)."""
-        candidate = (self.base_dir / Path(value).expanduser()).resolve()
+        candidate = real_path(self.base_dir / Path(value).expanduser())
         return str(candidate) if candidate.exists() else value
 
     # -- the job
@@ -173,9 +192,13 @@ class JobReader:
         model = self.model(tables["model"]) if tables["model"] is not _BAD else None
         data_spec = self.data(tables["data"]) if tables["data"] is not _BAD else None
         raw_training = dict(tables["training"])
-        eval_steps = self.value(raw_training, "eval_steps", "training", Spec("int", gt=0, auto=False))
-        raw_training.pop("eval_steps", None)
         training = self.training(raw_training) if tables["training"] is not _BAD else None
+        # Training checks eval_steps (a count, or below 1 a fraction of the run); the job evaluates every count.
+        eval_steps = (
+            int(training.eval_steps)
+            if training is not None and training.eval_steps and training.eval_steps >= 1
+            else None
+        )
         strategy = self.strategy(tables["strategy"]) if tables["strategy"] is not _BAD else None
         launch = self.launch(tables["launch"]) if tables["launch"] is not _BAD else None
 
@@ -302,26 +325,122 @@ class JobReader:
         return LoraSpec(r=r, alpha=alpha, dropout=dropout, target_modules=target)
 
     def data(self, t: dict[str, Any]) -> DataSpec | None:
-        known = ["path", "format", "max_length", "eval_path", "template", "text_field"]
+        known = [
+            "path",
+            "format",
+            "max_length",
+            "eval_path",
+            "eval_split",
+            "split",
+            "template",
+            "chat_template",
+            "columns",
+            "text_field",
+            "packing",
+            "train_on_prompt",
+            "num_proc",
+        ]
         self.unknown(t, known, "data")
         before = len(self.problems)
         if "path" not in t:
-            self.problem("data.path", "missing: the training records (a .jsonl or .json file)")
+            self.problem("data.path", "missing: the training records (a data file or folder, or a hub dataset id)")
         if "format" not in t:
             self.problem("data.format", f"missing: one of {', '.join(map(repr, FORMATS))}")
         raw_path = self.value(t, "path", "data", Spec("str", auto=False))
         fmt = self.value(t, "format", "data", Spec("choice", choices=FORMATS, auto=False))
         max_length = self.value(t, "max_length", "data", Spec("int", ge=2, auto=False), 512)
         raw_eval = self.value(t, "eval_path", "data", Spec("str", auto=False))
-        template = self.value(t, "template", "data", Spec("choice", choices=tuple(TEMPLATES), auto=False), "alpaca")
-        text_field = self.value(t, "text_field", "data", Spec("str", auto=False), "text")
-        path = self.file(raw_path, "data.path", what="the training records") if raw_path is not None else None
-        eval_path = self.file(raw_eval, "data.eval_path", what="the evaluation records") if raw_eval else None
+        eval_split = self.eval_split(t.get("eval_split"))
+        split = self.value(t, "split", "data", Spec("str", auto=False), "train")
+        template = self.prompt_template(t.get("template", "alpaca"))
+        chat_template = self.value(t, "chat_template", "data", Spec("str", auto=False))
+        columns = self.columns(t, fmt)
+        packing = self.value(t, "packing", "data", Spec("bool", auto=False), False)
+        train_on_prompt = self.value(t, "train_on_prompt", "data", Spec("bool", auto=False), False)
+        num_proc = self.value(t, "num_proc", "data", Spec("int", ge=1, auto=False))
+        if raw_eval and eval_split is not None:
+            self.problem("data.eval_split", "both eval_path and eval_split are set", "keep one")
+        if chat_template is not None and fmt is not None and fmt not in CHAT_FORMATS:
+            chats = " and ".join(map(repr, CHAT_FORMATS))
+            self.problem("data.chat_template", f"only {chats} records use a chat template; the format is {fmt!r}")
+        path = self.data_source(raw_path, "data.path", what="the training records") if raw_path is not None else None
+        eval_path = self.data_source(raw_eval, "data.eval_path", what="the evaluation records") if raw_eval else None
         if len(self.problems) > before or path is None:
             return None
         return DataSpec(
-            path=path, format=fmt, max_length=max_length, eval_path=eval_path, template=template, text_field=text_field
+            path=path,
+            format=fmt,
+            max_length=max_length,
+            eval_path=eval_path,
+            eval_split=eval_split,
+            split=split,
+            template=template,
+            chat_template=chat_template,
+            columns=columns,
+            packing=packing,
+            train_on_prompt=train_on_prompt,
+            num_proc=num_proc,
         )
+
+    def eval_split(self, value: Any) -> float | str | None:
+        """``data.eval_split``: a fraction of the training records, or the name of a split of their source."""
+        if value is None or (isinstance(value, str) and value):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 1:
+            return float(value)
+        self.problem(
+            "data.eval_split",
+            f'got {describe(value)}, expected a fraction between 0 and 1 (0.05) or the name of a split ("test")',
+        )
+        return None
+
+    def prompt_template(self, value: Any) -> str | tuple[str, str]:
+        """``data.template``: a packaged template's name, or a table of the two prompts."""
+        if isinstance(value, str) and value in TEMPLATES:
+            return value
+        if not isinstance(value, Mapping):
+            names = ", ".join(map(repr, TEMPLATES))
+            self.problem(
+                "data.template",
+                f"got {describe(value)}, expected one of {names} or a table with {' and '.join(TEMPLATE_KEYS)}",
+                did_you_mean(value, TEMPLATES) if isinstance(value, str) else None,
+            )
+            return "alpaca"
+        self.unknown(value, TEMPLATE_KEYS, "data.template")
+        prompts = {}
+        for key in TEMPLATE_KEYS:
+            text = value.get(key)
+            if isinstance(text, str):
+                prompts[key] = text
+            else:
+                got = "missing" if text is None else f"got {describe(text)}, expected a string"
+                self.problem(f"data.template.{key}", got)
+        for key, message in template_problems(prompts):
+            self.problem(f"data.template.{key}", message)
+        if len(prompts) < len(TEMPLATE_KEYS):
+            return "alpaca"
+        return prompts["prompt_no_input"], prompts["prompt_input"]
+
+    def columns(self, t: Mapping[str, Any], fmt: str | None) -> dict[str, str]:
+        """``[data.columns]`` (and ``data.text_field``): the file's names for the format's fields."""
+        table = self.table(t, "columns", "data.columns")
+        if table is _BAD:
+            return {}
+        fields = FIELDS.get(fmt or "", ())
+        if fields:
+            self.unknown(table, fields, "data.columns")
+        columns = {}
+        for key, name in table.items():
+            if not isinstance(name, str) or not name:
+                self.problem(f"data.columns.{key}", f"got {describe(name)}, expected a field name")
+            elif key in fields or not fields:
+                columns[key] = name
+        text_field = self.value(t, "text_field", "data", Spec("str", auto=False))
+        if text_field is not None:
+            if columns.get("text", text_field) != text_field:
+                self.problem("data.text_field", "both text_field and columns.text are set", "keep one")
+            columns["text"] = text_field
+        return {key: name for key, name in columns.items() if name != key}
 
     def training(self, t: dict[str, Any]) -> Training | None:
         try:
@@ -371,6 +490,9 @@ class JobReader:
             return None
         if len(self.problems) > before:
             return None
+        where = f"[strategy.overrides] in {self.source or 'job'}"
+        marks = {path: where for path, _ in leaves(overrides)}
+        config = attrs.evolve(config, provenance={**config.provenance, **marks})
         return StrategySpec(name=name, config=config, ref=label, overrides=overrides)
 
     def config_file(self, ref: str) -> tuple[dict[str, Any] | None, str]:
@@ -378,7 +500,7 @@ class JobReader:
         looks_like_path = "/" in ref or "\\" in ref or Path(ref).suffix.lower() in SUFFIXES
         try:
             if looks_like_path:
-                file = (self.base_dir / Path(ref).expanduser()).resolve()
+                file = real_path(self.base_dir / Path(ref).expanduser())
                 data, _ = read_dict(file)
                 return data, f"file {ref}"
             if ref not in preset_names() and (self.base_dir / ref).is_file():
@@ -439,8 +561,8 @@ def _hidden_size(config: Mapping[str, Any] | None, name_or_path: str | None) -> 
         if not file.is_file():
             return None
         try:
-            table = json.loads(read_text(file))
-        except (ConfigError, ValueError):
+            table = read_table(file)
+        except ConfigError:
             return None
     if not isinstance(table, Mapping):
         return None

@@ -10,6 +10,7 @@ from typing import Any, Final
 import attrs
 
 from ..api import Config
+from .formats import TEMPLATES
 
 __all__ = [
     "ATTN_IMPLEMENTATIONS",
@@ -96,18 +97,48 @@ class ModelSpec:
 class DataSpec:
     """``[data]``: the training (and evaluation) data."""
 
-    path: Path
-    """The training records (absolute once read; given relative to the job file)."""
+    path: Path | str
+    """The training records: a data file or folder (absolute once read; given relative to the job file), a folder
+    written by ``datasets``' ``save_to_disk``, or a hub dataset id (``owner/name``, a ``str``)."""
     format: str
-    """``"alpaca"`` (instruction / input / output, loss on the response) or ``"text"`` (JSONL, loss on every token)."""
+    """``"text"``, ``"alpaca"`` (instruction / input / output), ``"messages"`` (role / content turns) or
+    ``"sharegpt"`` (``conversations`` of from / value turns)."""
     max_length: int = 512
     """Tokens per sample at most; longer samples are cut at the end."""
-    eval_path: Path | None = None
-    """Evaluation records in the same format, or none."""
-    template: str = "alpaca"
-    """Prompt template of ``"alpaca"`` records: ``"alpaca"`` (Stanford Alpaca's) or ``"plain"``."""
-    text_field: str = "text"
-    """The field holding the text of ``"text"`` records."""
+    eval_path: Path | str | None = None
+    """Evaluation records in the same format (a file, folder or hub id), or none."""
+    eval_split: float | str | None = None
+    """Evaluation records from ``path`` itself: a fraction held out of it (``0.05``), or the name of one of its
+    splits (``"test"``); none by default."""
+    split: str = "train"
+    """The split of a hub dataset or ``save_to_disk`` folder of several splits to train on."""
+    template: str | tuple[str, str] = "alpaca"
+    """Prompt template of ``"alpaca"`` records: ``"alpaca"`` (Stanford Alpaca's), ``"plain"``, or the job's own
+    ``(prompt_no_input, prompt_input)``."""
+    chat_template: str | None = None
+    """A Jinja chat template for ``"messages"`` / ``"sharegpt"``; default the tokenizer's, else ``FALLBACK_CHAT_TEMPLATE``."""
+    columns: Mapping[str, str] = attrs.field(factory=dict)
+    """The file's names for the format's fields (``FIELDS``), where they differ: ``{"output": "answer"}``."""
+    packing: bool = False
+    """Put several samples into each ``max_length`` sequence (positions restart per sample; the model's attention
+    keeps them apart where it supports packed sequences)."""
+    train_on_prompt: bool = False
+    """Take the loss on every token, prompts and user turns included; default the response / assistant turns only."""
+    num_proc: int | None = None
+    """Processes tokenizing the data (``datasets``' ``map``); default one."""
+
+    @property
+    def text_field(self) -> str:
+        """The field holding the text of ``"text"`` records."""
+        return self.field("text")
+
+    def field(self, name: str) -> str:
+        """The file's name for the format's field ``name``."""
+        return self.columns.get(name, name)
+
+    def prompts(self) -> tuple[str, str]:
+        """The ``"alpaca"`` prompt templates: (without input, with input)."""
+        return TEMPLATES[self.template] if isinstance(self.template, str) else self.template
 
 
 @attrs.frozen

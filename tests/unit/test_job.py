@@ -14,7 +14,9 @@ import pytest
 
 import dsbuild
 from dsbuild import Config, ConfigError, Job, Training, load_job
-from dsbuild.interop import accelerate_config, for_hf, mixed_precision_of, to_yaml
+from dsbuild.errors import UnresolvedAutoError
+from dsbuild.hf_table import ACCELERATE_FILLED, ACCELERATE_FILLS, FILLS
+from dsbuild.interop import accelerate_config, for_accelerate, for_hf, to_yaml
 from dsbuild.job import LaunchSpec, demo_job_path, is_job, parse_device_mapping
 from dsbuild.overrides import parse_set
 
@@ -146,10 +148,10 @@ def test_every_problem_of_a_job_is_reported_at_once(tmp_path: Path) -> None:
         "model.config.vocab_size: got 256, expected at least 384 for the byte tokenizer (set vocab_size = 384)",
         "model.lora.r: got 0, expected an integer > 0",
         "model.lora.dropout: got 1.5, expected a number >= 0 and < 1",
-        "data.format: got 'csv', expected one of 'alpaca', 'text'",
+        "data.format: got 'csv', expected one of 'alpaca', 'messages', 'sharegpt', 'text'",
         f"data.path: no such file: {str(tmp_path / 'missing.jsonl')!r} (the training records, relative to the job file)",
-        "training.eval_steps: got -1, expected an integer > 0",
         "training.learning_rate: got 'fast', expected a number >= 0",
+        "training.eval_steps: got -1, expected a number > 0",
         "strategy.name: got 'megatron_train', expected 'deepspeed_train' (the only strategy dsbuild runs)",
         "strategy.overrides.zero_optimization.stage: got 7, expected an integer >= 0 and <= 3",
         "launch.nnodes: got 0, expected an integer > 0",
@@ -180,8 +182,8 @@ def job_text(top: str = "", **tables: str | None) -> str:
          ["model: missing: a job needs a [model] table", "data: missing: a job needs a [data] table",
           "training: missing: a job needs a [training] table", "strategy: missing: a job needs a [strategy] table",
           "model.name_or_path: missing: give a model directory or hub id, or a [model.config] table with model_type",
-          "data.path: missing: the training records (a .jsonl or .json file)",
-          "data.format: missing: one of 'alpaca', 'text'",
+          "data.path: missing: the training records (a data file or folder, or a hub dataset id)",
+          "data.format: missing: one of 'alpaca', 'messages', 'sharegpt', 'text'",
           'strategy.config: missing: a preset name (e.g. "zero3"), a config file, or a table of ds_config keys']),
         (job_text("model = 3", model=None), ["model: got 3, expected a table"]),
         (job_text(model="[model.config]\nhidden_size = 64"),
@@ -254,6 +256,71 @@ def test_is_job_tells_jobs_from_configs(tmp_path: Path) -> None:
     config = tmp_path / "ds.toml"
     config.write_text("train_micro_batch_size_per_gpu = 1\n")
     assert is_job(path) and not is_job(config) and not is_job(tmp_path / "missing.toml")
+
+
+def test_data_options_are_read(tmp_path: Path) -> None:
+    """The [data] keys of formats, packing, splits and templates arrive in DataSpec; a hub id stays a string."""
+    (tmp_path / "parts").mkdir()
+    data_table = r"""
+    [data]
+    path = "train.jsonl"
+    format = "alpaca"
+    eval_split = 0.05
+    packing = true
+    train_on_prompt = true
+    num_proc = 2
+    template = { prompt_no_input = "Q: {instruction}\nA: ", prompt_input = "Q: {instruction} {input}\nA: " }
+    [data.columns]
+    output = "answer"
+    """
+    path = write_job(
+        tmp_path, MINIMAL.replace('    [data]\n    path = "train.jsonl"\n    format = "alpaca"\n', data_table)
+    )
+    data = load_job(path).data
+    assert (data.eval_split, data.packing, data.train_on_prompt, data.num_proc) == (0.05, True, True, 2)
+    assert data.prompts() == ("Q: {instruction}\nA: ", "Q: {instruction} {input}\nA: ")
+    assert data.field("output") == "answer" and data.field("instruction") == "instruction"
+    hub = load_job(path, {"data.path": "tatsu-lab/alpaca", "data.eval_split": "test"}).data
+    assert hub.path == "tatsu-lab/alpaca" and hub.eval_split == "test"
+    assert load_job(path, {"data.path": "parts"}).data.path == tmp_path / "parts"
+    chat = load_job(path, {"data.format": "messages", "data.chat_template": "{{ messages }}", "data.columns": {}})
+    assert chat.data.chat_template == "{{ messages }}"
+
+
+def test_bad_data_options_each_name_their_key(tmp_path: Path) -> None:
+    """Every [data] mistake is its own line under data.<key>."""
+    (tmp_path / "notes.txt").write_text("x")
+    path = write_job(tmp_path, MINIMAL)
+    assert problems(
+        path,
+        **{
+            "data.eval_split": 1.5,
+            "data.eval_path": "train.jsonl",
+            "data.template": {"prompt_no_input": "{question}", "prompt_input": "{instruction}"},
+            "data.columns": {"outptu": "answer"},
+            "data.chat_template": "{{ messages }}",
+            "data.packing": "yes",
+            "data.num_proc": 0,
+        },
+    ) == [
+        'data.eval_split: got 1.5, expected a fraction between 0 and 1 (0.05) or the name of a split ("test")',
+        "data.template.prompt_no_input: {question} is not a field it can fill; it fills {instruction}",
+        "data.template.prompt_no_input: missing {instruction}",
+        "data.template.prompt_input: missing {input}",
+        "data.columns.outptu: unknown key (did you mean 'output'?)",
+        "data.packing: got 'yes', expected true or false",
+        "data.num_proc: got 0, expected an integer >= 1",
+        "data.chat_template: only 'messages' and 'sharegpt' records use a chat template; the format is 'alpaca'",
+    ]
+    assert problems(path, **{"data.path": "notes.txt"}) == [
+        f"data.path: not a data file dsbuild reads: {str(tmp_path / 'notes.txt')!r} (expected .json, .jsonl, .csv, "
+        ".parquet, .arrow, a folder of them, a save_to_disk folder or a hub dataset id)"
+    ]
+    assert problems(path, **{"data.path": "data/train.jsonl", "data.eval_split": 0.1, "data.eval_path": "x.csv"}) == [
+        "data.eval_split: both eval_path and eval_split are set (keep one)",
+        f"data.path: no such file: {str(tmp_path / 'data/train.jsonl')!r} (the training records, relative to the job file)",
+        f"data.eval_path: no such file: {str(tmp_path / 'x.csv')!r} (the evaluation records, relative to the job file)",
+    ]
 
 
 # -- the run's config ------------------------------------------------------------------
@@ -419,8 +486,7 @@ def test_for_hf_sets_every_value_the_trainer_fills_to_auto() -> None:
 
 def test_accelerate_config_reads_back_in_accelerate(tmp_path: Path) -> None:
     """The YAML (PyYAML's or the hand-written fallback) is a config ``accelerate launch`` loads."""
-    settings = accelerate_config("out/ds_config.json", num_processes=4, num_machines=2, zero3_init=True,
-                                 mixed_precision="bf16")  # fmt: skip
+    settings = accelerate_config("out/ds_config.json", num_processes=4, num_machines=2, zero3_init=True)
     yaml = pytest.importorskip("yaml")
     from dsbuild import interop as job_module
 
@@ -436,10 +502,58 @@ def test_accelerate_config_reads_back_in_accelerate(tmp_path: Path) -> None:
     assert loaded.deepspeed_config == {"deepspeed_config_file": "out/ds_config.json", "zero3_init_flag": True}
 
 
-def test_mixed_precision_for_accelerate() -> None:
-    assert mixed_precision_of(Config(), Training(bf16=True)) == "bf16"
-    assert mixed_precision_of(Config.zero(2).fp16()) == "fp16"
-    assert mixed_precision_of(Config.preset("hf_zero3")) == "no"
+def test_the_accelerate_config_leaves_what_the_ds_config_decides_to_it() -> None:
+    """With a deepspeed_config_file, `accelerate launch` refuses these settings in its config (precision included)."""
+    refused = {"mixed_precision", "gradient_accumulation_steps", "gradient_clipping", "zero_stage",
+               "offload_optimizer_device", "offload_param_device", "zero3_save_16bit_model"}  # fmt: skip
+    settings = accelerate_config("ds.json", zero3_init=True)
+    assert not refused & {*settings, *settings["deepspeed_config"]}
+
+
+def test_for_accelerate_keeps_auto_only_where_accelerate_fills_it() -> None:
+    """A plain Accelerate loop fills the batch sizes, DummyOptim's lr / weight decay, DummyScheduler's values and the
+    buckets; betas, eps, clipping and precision (which it stops on, or fills with a constant) come from the run."""
+    cfg = Config.preset("hf_zero3")
+    training = Training(adam_beta2=0.95, max_grad_norm=0.5, bf16=True)
+    d = for_accelerate(cfg, world_size=8, training=training).to_dict()
+    assert [d[k] for k in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")] == [
+        "auto"
+    ] * 3
+    assert d["optimizer"]["params"] == {"lr": "auto", "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": "auto"}
+    assert set(d["scheduler"]["params"].values()) == {"auto"}
+    assert (d["gradient_clipping"], d["bf16"], d["fp16"]["enabled"]) == (0.5, {"enabled": True}, False)
+    zero = d["zero_optimization"]
+    assert zero["reduce_bucket_size"] == zero["stage3_prefetch_bucket_size"] == "auto"
+    # Values the config sets and Accelerate does not fill stay as they are; those it fills become "auto".
+    mine = for_accelerate(Config.zero(2).adamw(lr=1e-4, betas=(0.8, 0.9)).clip_grad(2.0).batch(micro=2)).to_dict()
+    assert mine["optimizer"]["params"] == {"lr": "auto", "betas": [0.8, 0.9], "weight_decay": "auto"}
+    assert (mine["gradient_clipping"], mine["train_micro_batch_size_per_gpu"]) == (2.0, "auto")
+
+
+def test_for_accelerate_refuses_what_nothing_fills_naming_each_key() -> None:
+    """Without training arguments, an "auto" Accelerate does not fill is an error naming the key and its argument."""
+    with pytest.raises(UnresolvedAutoError) as caught:
+        for_accelerate(Config.preset("hf_zero3"))
+    assert [p.path for p in caught.value.problems] == [
+        "fp16.enabled",
+        "bf16.enabled",
+        "optimizer.params.betas",
+        "optimizer.params.eps",
+        "gradient_clipping",
+    ]
+    assert "adam_beta1 and adam_beta2" in str(caught.value)
+
+
+def test_what_accelerate_fills_is_read_from_the_hf_table() -> None:
+    """One table: the rows marked `accelerate` and Accelerate's own settings are the keys --for accelerate leaves."""
+    assert ACCELERATE_FILLED == {f.path for f in FILLS if f.accelerate} | {f.path for f in ACCELERATE_FILLS}
+    assert {f.path for f in FILLS if not f.accelerate} == {
+        "gradient_clipping",
+        "optimizer.params.betas",
+        "optimizer.params.eps",
+        "fp16.enabled",
+        "bf16.enabled",
+    }
 
 
 def test_public_names() -> None:

@@ -1,0 +1,264 @@
+"""Records: each checked against its format and put in one shape, every problem named; JSON / JSON Lines files read
+without ``datasets`` (stdlib only).
+
+The shape of a checked record (``check_record``):
+
+- ``"text"``: ``{"text": str}``;
+- ``"alpaca"``: ``{"instruction": str, "input": str, "output": str}`` (a missing ``input`` is ``""``);
+- ``"messages"`` and ``"sharegpt"``: ``{"messages": [{"role": str, "content": str}, ...]}`` (ShareGPT's ``from``
+  values become chat roles).
+
+``[data.columns]`` gives a file's own names for the fields; messages name the file's fields.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+
+from ..errors import ConfigError, Problem
+from ..io import check_json_depth
+from ..job.formats import FORMATS, ROLES, SHAREGPT_ROLES, TEMPLATES, TRAINED_ROLE
+
+__all__ = [
+    "NOTHING_TO_LEARN",
+    "Checker",
+    "Record",
+    "check_record",
+    "iter_records",
+    "json_lines_where",
+    "no_sample_left",
+    "prompt_of",
+    "read_records",
+]
+
+Record = dict[str, Any]
+"""A checked record, in the shape of its format (see the module docstring)."""
+
+NOTHING_TO_LEARN: Final = "(there would be nothing to learn)"
+"""Ends the message of a record that is well formed but has no token to train on."""
+
+SHOWN: Final = 10
+"""Bad records listed in an error; the rest are counted."""
+
+_WHOLE_FILE_HINT: Final = (
+    "check the text / output fields are not empty, and that max_length leaves room for the response"
+)
+
+
+def check_record(record: Any, fmt: str, columns: Mapping[str, str] | None = None) -> tuple[Record | None, str | None]:
+    """``(checked record, None)``, or ``(None, what is wrong)`` naming the field as the file names it."""
+    names = columns or {}
+    if not isinstance(record, Mapping):
+        return None, f"expected a JSON object, got {_type(record)}"
+    if fmt == "text":
+        field = names.get("text", "text")
+        text, problem = _string(record, field)
+        if problem is None and not text:
+            problem = f"field {field!r}: empty {NOTHING_TO_LEARN}"
+        return ({"text": text}, None) if problem is None else (None, problem)
+    if fmt == "alpaca":
+        out: Record = {}
+        for key, required in (("instruction", True), ("input", False), ("output", True)):
+            field = names.get(key, key)
+            value, problem = _string(record, field, required=required)
+            if problem is not None:
+                return None, problem
+            out[key] = value
+        if not out["output"]:
+            return None, f"field {names.get('output', 'output')!r}: empty {NOTHING_TO_LEARN}"
+        return out, None
+    return _check_chat(record, fmt, names)
+
+
+def _check_chat(record: Mapping[str, Any], fmt: str, names: Mapping[str, str]) -> tuple[Record | None, str | None]:
+    list_key, role_key, content_key = ("messages", "role", "content") if fmt == "messages" else ("conversations", "from", "value")  # fmt: skip
+    field, role_field, content_field = (names.get(k, k) for k in (list_key, role_key, content_key))
+    turns = record.get(field)
+    if not isinstance(turns, list):
+        got = "it is missing" if turns is None else f"got {_type(turns)}"
+        return None, f"field {field!r}: expected a list of {'messages' if fmt == 'messages' else 'turns'}, {got}"
+    messages = []
+    for i, turn in enumerate(turns):
+        where = f"{field}[{i}]"
+        if not isinstance(turn, Mapping):
+            return None, f"{where}: expected an object with {role_field!r} and {content_field!r}, got {_type(turn)}"
+        role = turn.get(role_field)
+        if fmt == "sharegpt":
+            known: Mapping[str, str] = SHAREGPT_ROLES
+        else:
+            known = {r: r for r in ROLES}
+        if role not in known:
+            got = "it is missing" if role is None else f"got {role!r}"
+            return None, f"{where}.{role_field}: {got}, expected one of {', '.join(map(repr, known))}"
+        content = turn.get(content_field)
+        if not isinstance(content, str):
+            got = "it is missing" if content is None else f"got {_type(content)}"
+            return None, f"{where}.{content_field}: expected a string, {got}"
+        messages.append({"role": known[str(role)], "content": content})
+    if not any(m["role"] == TRAINED_ROLE and m["content"] for m in messages):
+        return None, f"field {field!r}: no assistant turn with content {NOTHING_TO_LEARN}"
+    return {"messages": messages}, None
+
+
+def _string(record: Mapping[str, Any], field: str, *, required: bool = True) -> tuple[str, str | None]:
+    value = record.get(field)
+    if value is None and not required:
+        return "", None
+    if not isinstance(value, str):
+        got = "it is missing" if value is None else f"got {_type(value)}"
+        return "", f"field {field!r}: expected a string, {got}"
+    return value, None
+
+
+def _type(value: Any) -> str:
+    return type(value).__name__
+
+
+@attrs.define
+class Checker:
+    """Checks records one by one and keeps what an error needs: the first bad ones, how many, how many empty."""
+
+    fmt: str
+    columns: Mapping[str, str] = attrs.field(factory=dict)
+    records: int = 0
+    bad: list[tuple[int, str]] = attrs.field(factory=list)
+    """``(index, problem)`` of the first ``SHOWN`` bad records."""
+    more: int = 0
+    """Bad records past those."""
+    empty: int = 0
+    """Records well formed but with nothing to learn."""
+
+    def check(self, record: Any) -> Record | None:
+        """``record`` checked (``None`` when it is bad, and counted)."""
+        checked, problem = check_record(record, self.fmt, self.columns)
+        self.add(problem)
+        return checked
+
+    def add(self, problem: str | None) -> None:
+        """Count the next record, bad when ``problem`` says what is wrong with it."""
+        if problem:
+            if problem.endswith(NOTHING_TO_LEARN):
+                self.empty += 1
+            if len(self.bad) < SHOWN:
+                self.bad.append((self.records, problem))
+            else:
+                self.more += 1
+        self.records += 1
+
+    def raise_if_bad(
+        self, source: str, where: Callable[[int], str], key: str = "data.path", extra: Sequence[Problem] = ()
+    ) -> None:
+        """A ``ConfigError`` naming every bad record (``where(index)``: ``line 3``) and then ``extra``, or the whole
+        file when none of its records has anything to learn."""
+        if not self.records:
+            raise ConfigError("no records in the data", source=source)
+        if self.empty == self.records:
+            raise no_sample_left(source, self.records, key)
+        if self.bad:
+            problems = [Problem("", f"{where(index)}: {problem}") for index, problem in self.bad]
+            if self.more:
+                problems.append(Problem("", f"... and {self.more} more"))
+            raise ConfigError([*problems, *extra], source=source)
+
+
+def no_sample_left(source: str, samples: int, key: str, hint: str | None = None) -> ConfigError:
+    """The error for data of which no sample has a token to train on (a run on it would only give NaN losses)."""
+    return ConfigError(
+        Problem(key, f"{source}: none of its {samples} samples has a token to train on", hint or _WHOLE_FILE_HINT)
+    )
+
+
+def prompt_of(record: Mapping[str, str], template: str | tuple[str, str] = "alpaca") -> str:
+    """The prompt of an instruction record: the template (a name or the pair of prompts) filled with its fields."""
+    without, with_input = TEMPLATES[template] if isinstance(template, str) else template
+    if record.get("input"):
+        return with_input.format(instruction=record["instruction"], input=record["input"])
+    return without.format(instruction=record["instruction"])
+
+
+# -- JSON and JSON Lines without datasets ----------------------------------------------------------------------
+
+
+def read_records(
+    path: str | Path, fmt: str, *, text_field: str = "text", columns: Mapping[str, str] | None = None
+) -> list[Record]:
+    """The checked records of a JSON array or JSON Lines file; every bad record is reported at once (the first 10).
+
+    Stdlib only: what ``datasets`` loads for a job, this reads for a script of your own (and for an error that
+    must name the line ``datasets`` could not parse).
+    """
+    if fmt not in FORMATS:
+        raise ConfigError(Problem("format", f"got {fmt!r}, expected one of {', '.join(map(repr, FORMATS))}"))
+    names = {"text": text_field, **(columns or {})}
+    checker = Checker(fmt, names)
+    records: list[Record] = []
+    wheres: list[str] = []
+    for where, record in iter_records(Path(path)):
+        wheres.append(where)
+        checked = checker.check(record)
+        if checked is not None:
+            records.append(checked)
+    checker.raise_if_bad(str(path), wheres.__getitem__)
+    return records
+
+
+def iter_records(path: Path) -> Iterator[tuple[str, Any]]:
+    """``(where, record)`` pairs of a JSON array or JSON Lines file; ``where`` is ``line N`` or ``[i]``."""
+    source = str(path)
+    try:
+        check_json_depth(path)
+        with open(path, encoding="utf-8-sig") as f:
+            head = f.read(4096).lstrip()
+            if not head and not f.read(1):
+                raise ConfigError("the data file is empty", source=source)
+            f.seek(0)
+            if head.startswith("["):  # a JSON array (Alpaca's own alpaca_data.json)
+                try:
+                    data = json.load(f)
+                except json.JSONDecodeError as e:
+                    raise ConfigError(
+                        f"invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}", source=source
+                    ) from None
+                if not isinstance(data, list):
+                    raise ConfigError(f"expected a JSON array of records, got {_type(data)}", source=source)
+                yield from ((f"[{i}]", record) for i, record in enumerate(data))
+                return
+            for number, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    yield f"line {number}", json.loads(line.rstrip("\r\n"))
+                except json.JSONDecodeError as e:
+                    raise ConfigError(
+                        Problem("", f"line {number}: invalid JSON at column {e.colno}: {e.msg}"), source=source
+                    ) from None
+    except FileNotFoundError:
+        raise ConfigError("no such file", source=source) from None
+    except IsADirectoryError:
+        raise ConfigError("is a directory, expected a data file", source=source) from None
+    except UnicodeDecodeError:
+        raise ConfigError(Problem("", "not UTF-8 text", "save the data as UTF-8"), source=source) from None
+    except OSError as e:
+        raise ConfigError(f"cannot read the file: {e.strerror or e}", source=source) from None
+
+
+def json_lines_where(path: Path, indices: list[int]) -> dict[int, str]:
+    """``line N`` of the records at ``indices`` of a JSON Lines file (blank lines hold no record)."""
+    wanted = set(indices)
+    found: dict[int, str] = {}
+    index = 0
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            if index in wanted:
+                found[index] = f"line {number}"
+                if len(found) == len(wanted):
+                    break
+            index += 1
+    return found
