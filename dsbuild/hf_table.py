@@ -12,7 +12,9 @@ reads it from here:
 - ``validate`` tells, for an ``"auto"`` left in a config, which argument would fill it;
 - a job completes its config from the rows and takes a value the config sets into the
   training arguments it does not set (``takes``);
-- ``interop.for_hf`` sets every row's key to ``"auto"`` for ``TrainingArguments(deepspeed=...)``.
+- ``interop.for_hf`` sets every row's key to ``"auto"`` for ``TrainingArguments(deepspeed=...)``;
+- ``interop.for_accelerate`` keeps ``"auto"`` only in the rows Accelerate fills itself in a plain loop
+  (``accelerate``, and ``ACCELERATE_FILLS``: together ``ACCELERATE_FILLED``) and resolves the rest.
 
 The formulas read the run through ``RunFacts`` (``resolve`` implements it): the
 training arguments by their HF names, the world size, the model's hidden size and the
@@ -27,6 +29,7 @@ from typing import Any, Final, NamedTuple, Protocol
 import attrs
 
 __all__ = [
+    "ACCELERATE_FILLED",
     "ACCELERATE_FILLS",
     "BATCH_KEYS",
     "FILLS",
@@ -107,6 +110,12 @@ class Fill:
     reads: tuple[str, ...] = ()
     """The training arguments the formula reads (default: ``takes``); with dsbuild's ``Training``, an explicit
     config value can disagree only with arguments the user set (``total_steps``: ``resolve``'s own argument)."""
+    accelerate: str | None = None
+    """What Accelerate fills the ``"auto"`` from in a plain loop (``accelerator.prepare`` with ``DummyOptim`` /
+    ``DummyScheduler``, ``Accelerator._prepare_deepspeed`` in accelerate 1.x), as docs say it; ``None`` where it
+    does not fill it from the run: it stops on it (``betas``, ``eps``), writes a constant (``gradient_clipping``
+    1.0, whatever ``max_grad_norm`` says), or reads its ``mixed_precision`` setting, which an Accelerate config
+    with a ``deepspeed_config_file`` may not set (``fp16``/``bf16``)."""
 
     @property
     def arguments_read(self) -> tuple[str, ...]:
@@ -203,6 +212,8 @@ def _warmup_num_steps(run: RunFacts) -> Fact | Need:
     )
 
 
+_MODEL_HIDDEN: Final = "the model's config.hidden_size (accelerator.prepare)"
+
 FILLS: Final = (
     # trainer_config_process, in HF's order (conflicts are listed in this order too)
     Fill(
@@ -211,6 +222,7 @@ FILLS: Final = (
         _argument("per_device_train_batch_size"),
         takes="per_device_train_batch_size",
         job_default=True,
+        accelerate="the batch_size of the DataLoader given to accelerator.prepare",
     ),
     Fill(
         "gradient_accumulation_steps",
@@ -218,15 +230,25 @@ FILLS: Final = (
         _argument("gradient_accumulation_steps"),
         takes="gradient_accumulation_steps",
         job_default=True,
+        accelerate="Accelerator(gradient_accumulation_steps=...)",
     ),
     Fill(
         "train_batch_size",
         "world_size x per_device_train_batch_size x gradient_accumulation_steps",
         _train_batch_size,
         reads=("per_device_train_batch_size", "gradient_accumulation_steps"),
+        accelerate="the DataLoader's batch_size × gradient_accumulation_steps × processes",
     ),
+    # Accelerate writes 1.0 here whatever max_grad_norm says: not one of its fills from the run.
     Fill("gradient_clipping", "max_grad_norm", _argument("max_grad_norm"), takes="max_grad_norm", job_default=True),
-    Fill("optimizer.params.lr", "learning_rate", _argument("learning_rate"), takes="learning_rate", job_default=True),
+    Fill(
+        "optimizer.params.lr",
+        "learning_rate",
+        _argument("learning_rate"),
+        takes="learning_rate",
+        job_default=True,
+        accelerate="DummyOptim(lr=...)",
+    ),
     Fill(
         "optimizer.params.betas",
         "adam_beta1 and adam_beta2",
@@ -241,9 +263,16 @@ FILLS: Final = (
         _argument("weight_decay"),
         takes="weight_decay",
         job_default=True,
+        accelerate="DummyOptim(weight_decay=...)",
     ),
-    Fill("scheduler.params.warmup_min_lr", "0", _zero, must_match=False),
-    Fill("scheduler.params.warmup_max_lr", "learning_rate", _argument("learning_rate"), takes="learning_rate"),
+    Fill("scheduler.params.warmup_min_lr", "0", _zero, must_match=False, accelerate="0 (with a DummyScheduler)"),
+    Fill(
+        "scheduler.params.warmup_max_lr",
+        "learning_rate",
+        _argument("learning_rate"),
+        takes="learning_rate",
+        accelerate="the DummyOptim's lr (with a DummyScheduler)",
+    ),
     Fill("fp16.enabled", "fp16", _precision("fp16"), takes="fp16", job_default=True, reads=("fp16", "fp16_full_eval")),
     Fill("bf16.enabled", "bf16", _precision("bf16"), takes="bf16", job_default=True, reads=("bf16", "bf16_full_eval")),
     # trainer_config_finalize
@@ -252,6 +281,7 @@ FILLS: Final = (
         "the model's hidden_size",
         _hidden_based(lambda h: h * h, "hidden size²"),
         must_match=False,
+        accelerate=_MODEL_HIDDEN,
     ),
     Fill(
         "zero_optimization.stage3_prefetch_bucket_size",
@@ -259,6 +289,7 @@ FILLS: Final = (
         _hidden_based(lambda h: int(0.9 * h * h), "0.9 × hidden size²"),
         must_match=False,
         stage3_only=True,
+        accelerate=_MODEL_HIDDEN,
     ),
     Fill(
         "zero_optimization.stage3_param_persistence_threshold",
@@ -266,12 +297,14 @@ FILLS: Final = (
         _hidden_based(lambda h: 10 * h, "10 × hidden size"),
         must_match=False,
         stage3_only=True,
+        accelerate=_MODEL_HIDDEN,
     ),
     Fill(
         "scheduler.params.total_num_steps",
         "the run's optimizer steps (total_steps / max_steps)",
         _total_num_steps,
         reads=("max_steps", "total_steps"),
+        accelerate="DummyScheduler(total_num_steps=...) over the processes",
     ),
     Fill(
         "scheduler.params.warmup_num_steps",
@@ -279,6 +312,7 @@ FILLS: Final = (
         _warmup_num_steps,
         takes="warmup_steps",
         reads=("warmup_steps", "warmup_ratio"),
+        accelerate="DummyScheduler(warmup_num_steps=...)",
     ),
 )
 """What the HF Trainer fills, in its order (``trainer_config_process`` then ``trainer_config_finalize``)."""
@@ -330,3 +364,8 @@ ACCELERATE_FILLS: Final = (
 )
 """``"auto"`` the HF Trainer leaves for Accelerate to fill from its own settings (beyond ``FILLS``; Accelerate also
 fills the stage-3 buckets at any stage)."""
+
+ACCELERATE_FILLED: Final = frozenset(
+    [fill.path for fill in FILLS if fill.accelerate is not None] + [fill.path for fill in ACCELERATE_FILLS]
+)
+"""The ds keys whose ``"auto"`` Accelerate fills itself in a plain loop (``--for accelerate`` leaves them)."""

@@ -1,10 +1,11 @@
-"""Hand-offs to the other tools: a ds_config for the HF Trainer (``for_hf``) and an Accelerate config."""
+"""Hand-offs to the other tools: a ds_config for the HF Trainer (``for_hf``), one for Accelerate
+(``for_accelerate``) and the Accelerate config that points to it (``accelerate_config``)."""
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 import attrs
@@ -12,10 +13,11 @@ import attrs
 from .api import Config
 from .config.fields import key_of
 from .config.optim import Optimizer, optimizer_params_class, scheduler_params_class
-from .hf_table import FILLS
+from .hf_table import ACCELERATE_FILLED, FILLS, Fill
+from .resolve import resolve
 from .training import Training
 
-__all__ = ["accelerate_config", "for_hf", "mixed_precision_of", "to_yaml", "zero_stage"]
+__all__ = ["accelerate_config", "for_accelerate", "for_hf", "to_yaml", "zero_stage"]
 
 
 def _takes(section: Any, key: str) -> bool:
@@ -40,9 +42,44 @@ def for_hf(config: Config) -> Config:
     an optimizer / scheduler taking them (without one, the Trainer creates its own from the training
     arguments); the hidden-size buckets at stage 3 (``reduce_bucket_size`` at any stage where it is set).
     """
+    return _with_autos(config, FILLS)
+
+
+def for_accelerate(
+    config: Config,
+    *,
+    world_size: int = 1,
+    training: Training | Any | None = None,
+    hidden_size: int | None = None,
+    total_steps: int | None = None,
+) -> Config:
+    """``config`` for Accelerate's DeepSpeed plugin and a plain loop (``accelerator.prepare`` with ``DummyOptim`` /
+    ``DummyScheduler``): ``"auto"`` only where Accelerate fills it itself, every other value resolved.
+
+    The rows of the HF table Accelerate fills from the script (``Fill.accelerate``: the DataLoader's batch size,
+    ``DummyOptim``'s lr and weight decay, ``DummyScheduler``'s steps, the model's hidden size) are set to ``"auto"``
+    where ``for_hf`` would set them, so script and file cannot disagree; they and Accelerate's own settings
+    (``ACCELERATE_FILLS``) are left for it. Every other ``"auto"`` (``betas``, ``eps``, ``gradient_clipping``, the
+    precision: Accelerate stops on them or fills a constant) is resolved from the training arguments and the
+    other facts as ``resolve`` does, which raises as it does: ``UnresolvedAutoError`` names each one that cannot
+    be and what would fill it, ``ConflictError`` each explicit value the arguments disagree with.
+    """
+    accelerate_rows = [fill for fill in FILLS if fill.accelerate is not None]
+    return resolve(
+        _with_autos(config, accelerate_rows),
+        world_size=world_size,
+        training=training,
+        hidden_size=hidden_size,
+        total_steps=total_steps,
+        leave=ACCELERATE_FILLED,
+    )
+
+
+def _with_autos(config: Config, fills: Iterable[Fill]) -> Config:
+    """``config`` with the key of each row of ``fills`` set to ``"auto"`` where it applies (``for_hf``'s rule)."""
     d = config.to_dict()
     stage = zero_stage(config)
-    for fill in FILLS:
+    for fill in fills:
         section, key = fill.section, fill.key
         if section in (("optimizer", "params"), ("scheduler", "params")):
             owner = config.optimizer_config if section[0] == "optimizer" else config.scheduler
@@ -67,16 +104,19 @@ def accelerate_config(
     num_processes: int = 1,
     num_machines: int = 1,
     zero3_init: bool = False,
-    mixed_precision: str = "no",
 ) -> dict[str, Any]:
-    """An Accelerate config (``accelerate launch --config_file``) that runs DeepSpeed from ``ds_config_file``."""
+    """An Accelerate config (``accelerate launch --config_file``) that runs DeepSpeed from ``ds_config_file``.
+
+    Nothing the ds_config decides is repeated here: with a ``deepspeed_config_file``, ``accelerate launch`` refuses
+    ``mixed_precision``, ``gradient_accumulation_steps``, ``gradient_clipping``, ``zero_stage``, the offload devices
+    and ``zero3_save_16bit_model`` in its config (the precision is the ds_config's ``bf16`` / ``fp16`` sections).
+    """
     return {
         "compute_environment": "LOCAL_MACHINE",
         "distributed_type": "DEEPSPEED",
         "deepspeed_config": {"deepspeed_config_file": ds_config_file, "zero3_init_flag": zero3_init},
         "machine_rank": 0,
         "main_training_function": "main",
-        "mixed_precision": mixed_precision,
         "num_machines": num_machines,
         "num_processes": num_processes,
         "rdzv_backend": "static",
@@ -121,17 +161,6 @@ def _yaml_scalar(value: Any) -> str:
 
 
 _YAML_WORDS: Final = frozenset({"true", "false", "null", "yes", "no", "on", "off", "y", "n", "~"})
-
-
-def mixed_precision_of(config: Config, training: Training | None = None) -> str:
-    """Accelerate's ``mixed_precision`` for a run: from the training arguments, else the config's explicit switches."""
-    if training is not None:
-        return "bf16" if training.bf16 else "fp16" if training.fp16 else "no"
-    for name, attr in (("bf16", "bf16_config"), ("fp16", "fp16_config")):
-        section = getattr(config, attr)
-        if section is not None and section.enabled is True:
-            return name
-    return "no"
 
 
 def zero_stage(config: Config) -> int:

@@ -9,14 +9,19 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import attrs
 
+from . import slurm
+from .errors import ConfigError
 from .job import Job
 
-__all__ = ["Nodes", "device_env", "failure_report", "torchrun", "torchrun_command"]
+__all__ = ["DEFAULT_MASTER_PORT", "Nodes", "device_env", "failure_report", "nodes", "torchrun", "torchrun_command"]
+
+DEFAULT_MASTER_PORT = 29500
+"""Node 0's port when no flag, ``MASTER_PORT`` or Slurm job gives one (torchrun's own default)."""
 
 
 def device_env(job: Job, node_rank: int, nnodes: int) -> dict[str, str]:
@@ -41,6 +46,101 @@ class Nodes:
     node_rank: int = 0
     master_addr: str | None = None
     master_port: int | None = None
+    origin: str = ""
+    """Where the node values came from, one line for the run's log (empty for one node)."""
+    warnings: tuple[str, ...] = ()
+    """What may not be what the user meant: a job's ``launch.nnodes`` that Slurm overrides, a Slurm job of
+    several nodes seen from outside its tasks, a process count that differs from the node's GPUs."""
+
+
+def nodes(
+    nproc: int,
+    env: Mapping[str, str],
+    *,
+    nnodes: int | None = None,
+    node_rank: int | None = None,
+    master_addr: str | None = None,
+    master_port: int | None = None,
+    job_nnodes: int = 1,
+) -> Nodes:
+    """This node's place in the run: each value from the first that gives it, of the command's flag (the
+    keyword arguments), the Slurm job ``env`` shows (``dsbuild.slurm.allocation``), and the job file
+    (``launch.nnodes``; one node). ``env`` is read only where a flag leaves a node value open, so the three
+    flags together run the same inside a Slurm job as outside. Several nodes without a node rank and node
+    0's address, or a node rank out of range, are a ``ConfigError``; a Slurm environment that contradicts
+    itself an ``InvalidValueError`` naming the variable.
+    """
+    warnings = []
+    slurm_job = None
+    if nnodes is None or (nnodes > 1 and (node_rank is None or master_addr is None)):
+        slurm_job = slurm.allocation(env)
+        note = slurm.unplaced(env) if slurm_job is None else None
+        warnings += [note] if note else []
+    from_slurm = nnodes is None and slurm_job is not None
+    if nnodes is not None:
+        count, count_from = nnodes, "--nnodes"
+    elif slurm_job is not None:
+        count, count_from = slurm_job.nnodes, f"Slurm ({slurm_job.hosts_from} {slurm_job.hosts.text})"
+        if job_nnodes not in (1, count):
+            warnings.append(
+                f"the job's launch.nnodes is {job_nnodes}, but the Slurm job has {count} node(s): using {count}"
+            )
+    else:
+        count, count_from = job_nnodes, "the job's launch.nnodes"
+    if slurm_job is not None and slurm_job.gpus_on_node and slurm_job.gpus_on_node != nproc:
+        warnings.append(
+            f"Slurm gave this node {slurm_job.gpus_on_node} GPU(s) (SLURM_GPUS_ON_NODE), and the run starts {nproc} "
+            f"process(es) on it: pass --nproc-per-node {slurm_job.gpus_on_node} or set launch.nproc_per_node to use them all"
+        )
+    if count == 1:
+        if node_rank:
+            raise ConfigError(f"--node-rank {node_rank}: expected 0 to 0 for 1 nodes")
+        return Nodes(nproc, 1, 0, master_addr, master_port, warnings=tuple(warnings))
+
+    rank, rank_from = (
+        (node_rank, "--node-rank")
+        if node_rank is not None or slurm_job is None
+        else (slurm_job.node_rank, "SLURM_NODEID")
+    )
+    first_host = f"the first host of {slurm_job.hosts_from}" if slurm_job is not None else ""
+    if master_addr is not None or slurm_job is None:
+        addr, addr_from = master_addr, "--master-addr"
+    else:
+        addr, addr_from = (
+            slurm_job.master_addr,
+            first_host if slurm_job.master_addr_from == slurm_job.hosts_from else slurm_job.master_addr_from,
+        )
+    if master_port is not None or slurm_job is None:
+        port, port_from = master_port, "--master-port" if master_port is not None else "default"
+    else:
+        port, port_from = slurm_job.master_port, slurm_job.master_port_from
+    if rank is None or addr is None:
+        raise ConfigError(
+            f"{count} nodes: give each node's launch --node-rank R and --master-addr of node 0 (and --master-port), "
+            "or start it on every node with srun inside a Slurm job"
+        )
+    if rank >= count:
+        raise ConfigError(f"{rank_from} {rank}: expected 0 to {count - 1} for {count} nodes")
+    if from_slurm and slurm_job is not None and not slurm_job.in_step:
+        warnings.append(
+            f"the Slurm job has {count} nodes, but this runs outside an srun step (SLURM_STEP_NODELIST is not set), "
+            "as a batch script does: only this node starts; start it on every node with `srun dsbuild train ...`"
+        )
+
+    # Say only where a value came from somewhere else than the node count did.
+    usual = (
+        ("SLURM_NODEID", first_host, "SLURM_JOB_ID")
+        if from_slurm
+        else ("--node-rank", "--master-addr", "--master-port", "default")
+    )
+    odd = [
+        f"{what} from {source}"
+        for what, source in (("node rank", rank_from), ("master address", addr_from), ("port", port_from))
+        if source not in usual
+    ]
+    origin = f"{count} nodes from {count_from}, node rank {rank}, master {addr}:{port or DEFAULT_MASTER_PORT}"
+    origin += f"; {', '.join(odd)}" if odd else ""
+    return Nodes(nproc, count, rank, addr, port, origin, tuple(warnings))
 
 
 def torchrun_command(job_path: Path, nodes: Nodes, log_dir: Path, run_args: Sequence[str]) -> list[str]:
@@ -50,7 +150,8 @@ def torchrun_command(job_path: Path, nodes: Nodes, log_dir: Path, run_args: Sequ
         cmd.append("--standalone")  # a free port of its own
     else:
         cmd += ["--nnodes", str(nodes.nnodes), "--node-rank", str(nodes.node_rank)]
-        cmd += ["--master-addr", nodes.master_addr or "127.0.0.1", "--master-port", str(nodes.master_port or 29500)]
+        port = nodes.master_port or DEFAULT_MASTER_PORT
+        cmd += ["--master-addr", nodes.master_addr or "127.0.0.1", "--master-port", str(port)]
     # Every rank's output goes to a file; rank 0 of the node is also shown here.
     cmd += ["--log-dir", str(log_dir), "--tee", "3", "--local-ranks-filter", "0"]
     return [*cmd, "-m", "dsbuild.cli.rank", str(job_path), *run_args]

@@ -38,7 +38,7 @@ transformers or peft. ``training`` and ``model`` are read by attribute name.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, Final, TypeVar
 
 import attrs
@@ -266,9 +266,11 @@ def _show(value: Any) -> str:
 class _Resolution:
     """One ``resolve`` call: the values written (by section), their provenance, and the problems found."""
 
-    def __init__(self, config: ConfigBase, run: _Run) -> None:
+    def __init__(self, config: ConfigBase, run: _Run, leave: frozenset[str]) -> None:
         self.config = config
         self.run = run
+        self.leave = leave
+        """The keys whose ``AUTO`` is left for the tool that fills it: neither filled nor checked."""
         self.writes: dict[tuple[str, ...], dict[str, Any]] = {}
         self.origins: dict[str, str] = {}
         self.needs: dict[str, Need] = {}
@@ -336,7 +338,7 @@ def _apply_fills(res: _Resolution) -> None:
     stage = _child(res.config.zero_optimization, "stage")
     for fill in FILLS:
         parent = res.node(fill.section)
-        if parent is None:
+        if parent is None or fill.path in res.leave:
             continue
         # A params class without the key (WarmupCosineLR has no warmup_max_lr) has no such key.
         value = _child(parent, fill.key)
@@ -425,6 +427,8 @@ def _batch_triangle(res: _Resolution) -> None:
     known sizes, never from DeepSpeed's default of 1 for an unset accumulation.
     """
     was = {key: res.value((key,)) for key in BATCH_KEYS}
+    if any(was[key] is AUTO and key in res.leave for key in BATCH_KEYS):
+        return  # the tool that fills the batch sizes derives them, and DeepSpeed checks them then
     if AUTO in was.values() and sum(isinstance(v, int) for v in was.values()) + (was[BATCH_KEYS[2]] is None) < 2:
         return  # not enough to derive from: the "auto" left is reported with what would fill it
     known = {key: value if isinstance(value, int) else None for key, value in was.items()}
@@ -481,7 +485,7 @@ _NOT_FILLED_BY_HF: Final = {fill.path: Need(_ACCELERATE, fill.hint) for fill in 
 
 def _leftovers(res: _Resolution, autos: list[str]) -> list[Problem]:
     """One problem per ``AUTO`` nothing filled, saying what would fill it, in the order of the ds_config."""
-    left = [path for path in autos if path not in res.origins]
+    left = [path for path in autos if path not in res.origins and path not in res.leave]
     if not left:
         return []
     order = {path: i for i, (path, _) in enumerate(leaves(to_dict(res.config)))}
@@ -504,13 +508,17 @@ def resolve(
     model: Any | None = None,
     hidden_size: int | None = None,
     total_steps: int | None = None,
+    leave: Collection[str] = (),
 ) -> C:
     """``config`` with every ``AUTO`` filled as the HF Trainer fills it, and the batch triangle applied.
 
     ``training`` is a ``Training``, a ``TrainingArguments`` or any object with those
     attribute names; ``model`` a model (``.config``) or a model config, read for its
     hidden size unless ``hidden_size`` is given; ``total_steps`` the run's optimizer
-    steps (else ``training.max_steps`` when positive).
+    steps (else ``training.max_steps`` when positive). ``leave`` names ds keys whose ``AUTO``
+    stays for the tool that fills it (``interop.for_accelerate``: what Accelerate fills); their
+    rows are neither filled nor checked, and the batch triangle waits for the tool when it
+    fills a batch size.
 
     Raises ``InvalidValueError`` for a bad argument or a batch triangle that does not
     divide, ``ConflictError`` listing every explicit value that disagrees with the
@@ -519,7 +527,7 @@ def resolve(
     changed; ``provenance`` of the result says where each filled value came from.
     """
     run = _Run(world_size, training, model, hidden_size, total_steps, config.sequence_parallel_size)
-    res = _Resolution(config, run)
+    res = _Resolution(config, run, frozenset(leave))
     autos = auto_paths(config)
     _apply_fills(res)
     _node_local_storage(res)

@@ -22,7 +22,129 @@ from .config.fields import Spec, check_value, coerce
 from .errors import InvalidValueError, Problem, error_of
 from .suggest import did_you_mean
 
-__all__ = ["SCHEDULER_TYPES", "NoneValue", "Training", "training_from"]
+__all__ = ["HF_NAMES_NOT_TAKEN", "NOT_TAKEN", "REPORT_TO", "SCHEDULER_TYPES", "NoneValue", "Training", "training_from"]
+
+REPORT_TO: Final = {
+    "tensorboard": "tensorboard",
+    "wandb": "wandb",
+    "comet_ml": "comet",
+    "csv": "csv_monitor",
+    "none": "",
+}
+"""``report_to`` names dsbuild takes, and the DeepSpeed monitor section each turns on."""
+
+NOT_TAKEN: Final[dict[str, str]] = {
+    "optim": "set the strategy config's optimizer section; without one, the HF Trainer's AdamW is used",
+    "optim_args": "set the optimizer's params in the strategy config",
+    "lr_scheduler_kwargs": "set the scheduler's params in the strategy config",
+    "deepspeed": "the job's [strategy] config is the ds_config",
+    "torch_compile": "DeepCompile is the strategy config's compile section",
+    "resume_from_checkpoint": "use dsbuild train --resume or --resume-from TAG",
+    "overwrite_output_dir": "use dsbuild train --overwrite (the earlier run is moved aside, not deleted)",
+    "logging_dir": "monitors write under output_dir/logs",
+    "do_train": "dsbuild train trains; drop it",
+    "do_eval": "give evaluation data ([data] eval_path or eval_split) and an eval_strategy",
+    "push_to_hub": "not supported: push the saved model yourself",
+    "load_best_model_at_end": "not supported: checkpoints are kept under output_dir/checkpoints",
+    "fsdp": "dsbuild runs DeepSpeed, not FSDP",
+    "local_rank": "set by the launcher (torchrun), not by the job",
+    "tf32": "not supported: set torch.backends.cuda.matmul.allow_tf32 in code",
+    "activation_checkpointing": "use gradient_checkpointing",
+}
+"""HF ``TrainingArguments`` names dsbuild does not take, and what to do instead (any other HF name it does not take
+says just that; ``tests/unit/test_training_names.py`` checks the names against the installed transformers)."""
+
+HF_NAMES_NOT_TAKEN: Final = frozenset(
+    {
+        "accelerator_config",
+        "activation_checkpointing",
+        "activation_checkpointing_kwargs",
+        "auto_find_batch_size",
+        "average_tokens_across_devices",
+        "batch_eval_metrics",
+        "data_seed",
+        "dataloader_drop_last",
+        "dataloader_in_order",
+        "dataloader_multiprocessing_context",
+        "dataloader_persistent_workers",
+        "dataloader_pin_memory",
+        "dataloader_prefetch_factor",
+        "ddp_backend",
+        "ddp_broadcast_buffers",
+        "ddp_bucket_cap_mb",
+        "ddp_find_unused_parameters",
+        "ddp_static_graph",
+        "ddp_timeout",
+        "debug",
+        "deepspeed",
+        "disable_tqdm",
+        "do_eval",
+        "do_predict",
+        "do_train",
+        "enable_jit_checkpoint",
+        "eval_accumulation_steps",
+        "eval_delay",
+        "eval_do_concat_batches",
+        "eval_on_start",
+        "eval_use_gather_object",
+        "fsdp",
+        "fsdp_config",
+        "full_determinism",
+        "gradient_checkpointing_kwargs",
+        "greater_is_better",
+        "hub_always_push",
+        "hub_model_id",
+        "hub_private_repo",
+        "hub_revision",
+        "hub_strategy",
+        "hub_token",
+        "ignore_data_skip",
+        "include_for_metrics",
+        "include_num_input_tokens_seen",
+        "label_names",
+        "label_smoothing_factor",
+        "length_column_name",
+        "liger_kernel_config",
+        "load_best_model_at_end",
+        "local_rank",
+        "log_level",
+        "log_level_replica",
+        "log_on_each_node",
+        "logging_dir",
+        "logging_nan_inf_filter",
+        "lr_scheduler_kwargs",
+        "metric_for_best_model",
+        "neftune_noise_alpha",
+        "optim",
+        "optim_args",
+        "optim_target_modules",
+        "overwrite_output_dir",
+        "parallelism_config",
+        "prediction_loss_only",
+        "project",
+        "push_to_hub",
+        "remove_unused_columns",
+        "restore_callback_states_from_checkpoint",
+        "resume_from_checkpoint",
+        "run_name",
+        "save_only_model",
+        "skip_memory_metrics",
+        "tf32",
+        "torch_compile",
+        "torch_compile_backend",
+        "torch_compile_mode",
+        "torch_empty_cache_steps",
+        "trackio_bucket_id",
+        "trackio_space_id",
+        "trackio_static_space_id",
+        "train_sampling_strategy",
+        "use_cache",
+        "use_cpu",
+        "use_liger_kernel",
+    }
+)
+"""The other HF ``TrainingArguments`` names (transformers 5): a job that sets one is told it is an HF name dsbuild
+does not take, rather than an unknown key."""
 
 SCHEDULER_TYPES: Final = (
     "linear",
@@ -61,7 +183,15 @@ def _path_text(value: str | os.PathLike[str] | None) -> str | None:
     return os.fspath(value) if isinstance(value, os.PathLike) else value
 
 
+def _names_list(value: Any) -> Any:
+    """``report_to``: one name or a list of names, held as a tuple (HF takes both)."""
+    if isinstance(value, str):
+        return (value,)
+    return tuple(value) if isinstance(value, list) else value
+
+
 _NUMBER_GE0 = Spec("float", ge=0, auto=False)
+_STRATEGY = Spec("choice", choices=("no", "steps", "epoch"), auto=False)
 _POSITIVE_INT = Spec("int", gt=0, auto=False)
 _BOOL = Spec("bool", auto=False)
 
@@ -121,13 +251,32 @@ class Training:
     """Log every this many steps; below 1 a fraction of the run's steps; default 500."""
     save_steps: float = _arg(500, Spec("float", gt=0, auto=False))
     """Save a checkpoint every this many steps; below 1 a fraction of the run's steps; default 500."""
-    save_strategy: str = _arg("steps", Spec("choice", choices=("no", "steps", "epoch"), auto=False))
+    save_strategy: str = _arg("steps", _STRATEGY)
     """When checkpoints are saved: ``"steps"`` (every ``save_steps``), ``"epoch"`` (at each epoch's end) or ``"no"``;
     except with ``"no"``, a checkpoint is also saved at the end of training, as the HF Trainer does; default ``"steps"``."""
     save_total_limit: int | None = _arg(None, Spec("int", ge=0, auto=False), optional=True)
     """Keep at most this many checkpoints (older ones deleted); default none (keep all)."""
     save_on_each_node: bool = _arg(False, _BOOL)
     """Save on every node rather than the main one (fills ``checkpoint.use_node_local_storage``); default false."""
+    logging_strategy: str = _arg("steps", _STRATEGY)
+    """When metrics are logged: ``"steps"`` (every ``logging_steps``), ``"epoch"`` or ``"no"``; default ``"steps"``."""
+    logging_first_step: bool = _arg(False, _BOOL)
+    """Also log the first optimizer step; default false."""
+    eval_strategy: str = _arg("no", _STRATEGY)
+    """When ``fit`` evaluates: ``"steps"`` (every ``eval_steps``), ``"epoch"`` or ``"no"`` (once, at the end, when
+    given eval data); default ``"no"``."""
+    eval_steps: float | None = _arg(None, Spec("float", gt=0, auto=False), optional=True)
+    """Evaluate every this many steps with ``eval_strategy = "steps"``; below 1 a fraction of the run; default
+    ``logging_steps``."""
+    report_to: tuple[str, ...] = attrs.field(
+        default=("none",), converter=_names_list, metadata={"training": (Spec("strs", auto=False), False)}
+    )
+    """Where metrics go, as DeepSpeed's monitors: ``"tensorboard"``, ``"wandb"``, ``"comet_ml"``, ``"csv"``, or
+    ``"none"``; default ``"none"`` (dsbuild then writes CSV under ``output_dir/logs``)."""
+    gradient_checkpointing: bool = _arg(False, _BOOL)
+    """Recompute activations in the backward pass (less memory, more compute); default false."""
+    dataloader_num_workers: int = _arg(0, Spec("int", ge=0, auto=False))
+    """Worker processes of the training data loader; default 0 (load in the main process)."""
     given: frozenset[str] | None = attrs.field(default=None, eq=False, repr=False, converter=_names)
     """The arguments the user set (a job's ``[training]`` keys); only these can disagree with a config's explicit
     values, an unset one takes the config's value. ``None``: those that differ from HF's defaults."""
@@ -149,7 +298,17 @@ class Training:
             if not isinstance(key, str):
                 problems.append(Problem("training", f"key {key!r} is not a string"))
             elif key not in names:
-                problems.append(Problem.unknown_key(f"training.{key}", did_you_mean(key, names)))
+                if key in HF_NAMES_NOT_TAKEN:
+                    problems.append(
+                        Problem(
+                            f"training.{key}",
+                            "an HF TrainingArguments argument dsbuild does not take",
+                            NOT_TAKEN.get(key, "remove it"),
+                            kind="unknown-key",
+                        )
+                    )
+                else:
+                    problems.append(Problem.unknown_key(f"training.{key}", did_you_mean(key, names)))
             else:
                 given[key] = coerce(names[key], value)
         try:
@@ -219,8 +378,20 @@ def _relations(ok: Mapping[str, Any]) -> list[Problem]:
     for name in ("adam_beta1", "adam_beta2"):
         if name in ok and ok[name] >= 1:
             problems.append(Problem(f"training.{name}", f"got {ok[name]!r}, expected a number >= 0 and < 1"))
-    for name in ("logging_steps", "save_steps"):
-        if name in ok and ok[name] > 1 and not float(ok[name]).is_integer():
+    report_to = ok.get("report_to", ())
+    unknown = [name for name in report_to if name not in REPORT_TO]
+    if unknown or ("none" in report_to and len(report_to) > 1):
+        what = f"{unknown[0]!r} is not one of DeepSpeed's monitors" if unknown else '"none" together with others'
+        problems.append(
+            Problem(
+                "training.report_to",
+                what,
+                "use " + ", ".join(map(repr, REPORT_TO)) + '; for "all", name them; other HF integrations are not '
+                "DeepSpeed monitors",
+            )
+        )
+    for name in ("logging_steps", "save_steps", "eval_steps"):
+        if ok.get(name) is not None and ok[name] > 1 and not float(ok[name]).is_integer():
             problems.append(
                 Problem(
                     f"training.{name}", f"got {ok[name]!r}, expected a whole number above 1 (or a fraction below 1)"
@@ -244,10 +415,15 @@ def training_from(args: Any, names: Mapping[str, Any]) -> Training:
 
     Every attribute ``args`` has counts as set, as the HF Trainer counts a ``TrainingArguments``' values.
     """
-    missing = object()
+    missing: Any = object()
     given = {}
+    optional = {a.name for a in attrs.fields(Training) if "training" in a.metadata and a.metadata["training"][1]}
     for name in names:
-        value = getattr(args, name, missing)
-        if value is not missing:
-            given[name] = _plain_arg(value)
+        value: Any = getattr(args, name, missing)
+        if value is missing or (value is None and name not in optional):
+            continue  # HF's None for "not set" (gradient_checkpointing): the default
+        if name == "report_to":
+            # The HF Trainer reports to its integrations itself; the DeepSpeed monitors among them are kept.
+            value = [n for n in ([value] if isinstance(value, str) else value) if n in REPORT_TO] or ["none"]
+        given[name] = _plain_arg(value)
     return Training(**given, given=frozenset(given))

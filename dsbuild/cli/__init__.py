@@ -13,6 +13,7 @@ Each command is an ``add_<name>(commands)`` function in one of the modules
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -21,7 +22,7 @@ from typing import TypeAlias
 from ..errors import DsbuildError, NonFiniteLossError
 from ..version import VERSION
 from .common import Commands
-from .configs import add_explain, add_export, add_presets, add_show, add_validate
+from .configs import add_explain, add_export, add_presets, add_schema, add_show, add_validate
 from .output import error, report, show_logs
 from .tools import add_checkpoints, add_doctor, add_plan
 from .train import add_train
@@ -37,6 +38,7 @@ COMMANDS: list[Callable[[Commands], None]] = [
     add_validate,
     add_explain,
     add_plan,
+    add_schema,
     add_doctor,
     add_train,
     add_checkpoints,
@@ -46,6 +48,10 @@ COMMANDS: list[Callable[[Commands], None]] = [
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``dsbuild`` command line; return the exit code."""
+    for stream in (sys.stdout, sys.stderr):
+        # A lone surrogate from a JSON file ("\\ud800") cannot be encoded: print it as an escape, never crash.
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="backslashreplace")
     parser = _parser()
     try:
         args, extra = parser.parse_known_args(argv)

@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TypeAlias
+from typing import Any, TypeAlias
+
+import attrs
 
 from ..api import Config
+from ..config.walk import leaves
+from ..deepspeed_verdict import deepspeed_verdict
 from ..errors import ConfigError, DsbuildError
-from ..io import SUFFIXES, parser_for, read_dict, read_text, to_config
-from ..job import Job, load_job, looks_like_job, read_job_dict
+from ..extras import missing
+from ..interop import for_accelerate
+from ..io import SUFFIXES, parser_for, read_dict, read_table, read_text, to_config
+from ..job import Job, looks_like_job, read_job_dict
+from ..model import model_problems
 from ..overrides import parse_set, set_dotted
 from ..presets import preset_names
+from ..resolve import model_hidden_size
 from ..training import Training
 from ..validate import Diagnostic, validate
 
@@ -25,18 +34,24 @@ __all__ = [
     "Commands",
     "add_run_facts",
     "add_target",
+    "as_diagnostics",
     "as_path",
     "diagnose",
+    "for_accelerate_of",
+    "job_in",
     "job_of",
     "job_sets",
+    "load_problems",
     "load_ref",
     "load_with_sets",
     "no_training_file",
     "non_negative_int",
     "positive_int",
+    "raw_with_sets",
     "render",
     "resolved",
     "resolved_job",
+    "with_sets",
 ]
 
 FORMATS = ("json", "toml")
@@ -49,34 +64,97 @@ Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def diagnose(
-    ref: str, *, strict: bool, world_size: int | None, target: str, sets: Sequence[str] = ()
+    ref: str,
+    *,
+    strict: bool,
+    world_size: int | None,
+    target: str,
+    sets: Sequence[str] = (),
+    deepspeed: bool = False,
 ) -> list[Diagnostic]:
-    """Diagnostics of one config or job; a value ``from_dict`` rejects is an error diagnostic, not an unreadable file."""
+    """Diagnostics of one config or job; a value ``from_dict`` rejects is an error diagnostic, not an unreadable file.
+
+    ``deepspeed``: DeepSpeed's own parser's verdict too, on what dsbuild would hand it (the file as it is when
+    dsbuild cannot read its values), at ``world_size`` (default 1).
+    """
     path = as_path(ref)
     table = job_data(path) if path is not None else None
     if path is not None and table is not None:
-        return diagnose_job(path, table, sets, world_size)
+        return diagnose_job(path, table, sets, world_size, deepspeed=deepspeed)
     if sets:
         raise ConfigError(f"{ref}: --set applies to job files; this is a ds_config (edit it, or use export --set)")
     if path is None:
-        return validate(Config.preset(ref), world_size=world_size, target=target)
-    data, _ = read_dict(path)
-    try:
-        config = to_config(data, strict=strict, source=str(path), cls=Config)
-    except ConfigError as e:
-        return [Diagnostic(p.path, "error", p.message, p.hint) for p in e.problems]
-    return validate(config, world_size=world_size, target=target)
+        config = Config.preset(ref)
+        data = config.to_dict()
+        found = validate(config, world_size=world_size, target=target)
+    else:
+        data, _ = read_dict(path)
+        try:
+            config = to_config(data, strict=strict, source=str(path), cls=Config)
+        except ConfigError as e:
+            found = as_diagnostics(e)
+        else:
+            data = config.to_dict()
+            found = validate(config, world_size=world_size, target=target)
+    if deepspeed:
+        found += deepspeed_verdict(data, world_size or 1)
+    return found
 
 
-def diagnose_job(path: Path, data: dict[str, object], sets: Sequence[str], world_size: int | None) -> list[Diagnostic]:
-    """A job's problems: what the file gets wrong (unknown keys, bad values), else its config resolved for the run."""
-    for key, value in job_sets(sets).items():
-        set_dotted(data, key, value)
+def diagnose_job(
+    path: Path, data: dict[str, object], sets: Sequence[str], world_size: int | None, *, deepspeed: bool = False
+) -> list[Diagnostic]:
+    """A job's problems: what the file gets wrong (unknown keys, bad values), else its config resolved for the run
+    (and with ``deepspeed``, DeepSpeed's verdict on that resolved config)."""
+    with_sets(data, sets)
     try:
-        job = Job.from_dict(data, base_dir=path.parent, source=str(path), name=path.stem)
+        job = job_in(path, data)
     except ConfigError as e:
-        return [Diagnostic(p.path, "error", p.message, p.hint) for p in e.problems]
-    return job.validate(world_size=world_size)
+        return as_diagnostics(e)
+    found = job.validate(world_size=world_size)
+    if missing("transformers"):
+        found.append(
+            Diagnostic("model", "warning", "not checked: transformers is not installed", "pip install 'dsbuild[train]'")
+        )
+    else:  # before launch the hub is not reached: a hub id must be in the local cache
+        found += [Diagnostic(p.path, "error", p.message, p.hint) for p in model_problems(job.model, hub=False)]
+    if deepspeed:
+        world = world_size or job.launch.world_size
+        try:
+            config = job.resolve(world_size=world)
+        except ConfigError as e:
+            why = "; ".join(str(p) for p in e.problems)
+            found.append(
+                Diagnostic("", "warning", f"deepspeed: not asked: the config resolves only in the run ({why})")
+            )
+        else:
+            found += deepspeed_verdict(config.to_dict(), world)
+    return found
+
+
+def as_diagnostics(e: ConfigError) -> list[Diagnostic]:
+    """The values ``from_dict`` rejects, as ``validate`` lists them: one error diagnostic per problem."""
+    return [Diagnostic(p.path, "error", p.message, p.hint) for p in e.problems]
+
+
+def load_problems(ref: str, sets: Sequence[str]) -> list[Diagnostic]:
+    """The values of ``ref`` (``--set`` applied) that do not load, as ``validate`` lists them; ``[]`` when it loads.
+
+    Unreadable input and a bad ``--set`` raise, as they do when loading.
+    """
+    path = as_path(ref)
+    table = job_data(path) if path is not None else None
+    load: Callable[[], object]  # read first, outside the try: only what the reader refuses is a problem here
+    if path is not None and table is not None:
+        load = functools.partial(job_in, path, with_sets(table, sets))
+    else:
+        data, source, label, _ = raw_with_sets(ref, sets)
+        load = functools.partial(to_config, data, source=source, label=label, cls=Config)
+    try:
+        load()
+    except ConfigError as e:
+        return as_diagnostics(e)
+    return []
 
 
 def as_path(ref: str) -> Path | None:
@@ -110,12 +188,43 @@ def job_sets(sets: Sequence[str]) -> dict[str, object]:
     return dict(parse_set(text) for text in sets)
 
 
+def with_sets(table: dict[str, object], sets: Sequence[str]) -> dict[str, object]:
+    """A job file's table with ``--set`` applied (in place)."""
+    for key, value in job_sets(sets).items():
+        set_dotted(table, key, value)
+    return table
+
+
+def job_in(path: Path, table: dict[str, object]) -> Job:
+    """The job of job file ``path``'s table; ``ConfigError`` lists every value it refuses."""
+    return Job.from_dict(table, base_dir=path.parent, source=str(path), name=path.stem)
+
+
 def job_of(ref: str, sets: Sequence[str]) -> Job | None:
     """The job ``ref`` names (with ``--set`` applied), or ``None`` when it is a preset or a ds_config file."""
     path = as_path(ref)
-    if path is None or job_data(path) is None:
+    table = job_data(path) if path is not None else None
+    if path is None or table is None:
         return None
-    return load_job(path, job_sets(sets))
+    job = job_in(path, with_sets(table, sets))
+    for prefix in ("strategy.config.", "strategy.overrides."):
+        marks = {k.removeprefix(prefix): v for k, v in job_sets(sets).items() if k.startswith(prefix)}
+        if marks:
+            strategy = attrs.evolve(job.strategy, config=set_by_flag(job.strategy.config, marks, prefix))
+            job = attrs.evolve(job, strategy=strategy, config=set_by_flag(job.config, marks, prefix))
+    return job
+
+
+def set_by_flag(config: Config, values: Mapping[str, object], prefix: str = "") -> Config:
+    """``config`` with each key set on the command line (``--set PREFIX.KEY=...``) said so in its provenance (for
+    ``explain``)."""
+    marks = {}
+    for key, value in values.items():
+        if isinstance(value, Mapping):
+            marks.update({f"{key}.{path}": f"--set {prefix}{key}" for path, _ in leaves(value)})
+        else:
+            marks[key] = f"--set {prefix}{key}"
+    return attrs.evolve(config, provenance={**config.provenance, **marks})
 
 
 def no_training_file(args: argparse.Namespace) -> None:
@@ -124,11 +233,33 @@ def no_training_file(args: argparse.Namespace) -> None:
 
 
 def resolved_job(job: Job, args: argparse.Namespace) -> Config:
-    return job.resolve(world_size=args.world_size, hidden_size=args.hidden_size, total_steps=args.total_steps)
+    return job.resolve(world_size=args.world_size, hidden_size=hidden_size(args), total_steps=args.total_steps)
+
+
+def hidden_size(args: argparse.Namespace) -> int | None:
+    """``--hidden-size``, else the hidden size in ``--model``'s config.json (read safely; a ``ConfigError`` if not
+    there), else ``None``."""
+    if args.hidden_size is not None or args.model is None:
+        return args.hidden_size  # type: ignore[no-any-return]
+    model = Path(args.model)
+    file = model / "config.json" if model.is_dir() else model
+    found = model_hidden_size(read_table(file))
+    if isinstance(found, str):
+        raise ConfigError(f"{file}: {found}")
+    return found
 
 
 def load_with_sets(ref: str, sets: Sequence[str]) -> tuple[Config, dict[str, object]]:
     """The config of ``ref`` with ``--set`` overrides applied, and the ``training.*`` ones apart."""
+    data, source, label, training = raw_with_sets(ref, sets)
+    config = to_config(data, source=source, label=label, cls=Config)
+    flags = {key: value for key, value in job_sets(sets).items() if not key.startswith("training.")}
+    return set_by_flag(config, flags), training
+
+
+def raw_with_sets(ref: str, sets: Sequence[str]) -> tuple[dict[str, Any], str, str, dict[str, object]]:
+    """The raw ds_config of ``ref`` (a file or a preset) with the ``--set`` overrides applied, where it came from
+    (for errors), the label its config gets, and the ``training.*`` overrides apart."""
     training: dict[str, object] = {}
     overrides: list[tuple[str, object]] = []
     for text in sets:
@@ -138,17 +269,16 @@ def load_with_sets(ref: str, sets: Sequence[str]) -> tuple[Config, dict[str, obj
             training[name] = value
         else:
             overrides.append((key, value))
-    if not overrides:
-        return load_ref(ref), training
     path = as_path(ref)
     if path is None:
-        data, source = Config.preset(ref).to_dict(), f"preset {ref}"
+        source = label = f"preset {ref}"
+        data = Config.preset(ref).to_dict()
     else:
+        source, label = str(path), f"file {path}"
         data, _ = read_dict(path)
-        source = str(path)
     for key, value in overrides:
         set_dotted(data, key, value)
-    return to_config(data, source=source, label=f"{source} with --set", cls=Config), training
+    return data, source, label, training
 
 
 def add_run_facts(p: argparse.ArgumentParser) -> None:
@@ -173,12 +303,53 @@ def add_run_facts(p: argparse.ArgumentParser) -> None:
         ),
     )
     p.add_argument("--hidden-size", type=positive_int, metavar="H", help="the model's hidden size")
+    p.add_argument(
+        "--model",
+        type=Path,
+        metavar="DIR|CONFIG.json",
+        help="a model directory or its config.json: its hidden size, when --hidden-size is not given",
+    )
     p.add_argument("--total-steps", type=positive_int, metavar="N", help="optimizer steps of the run")
 
 
 def resolved(args: argparse.Namespace) -> Config:
     """The config of ``args.config`` resolved with the run's facts the options give."""
     config, overrides = load_with_sets(args.config, args.set)
+    return config.resolve(
+        world_size=args.world_size or 1,
+        training=_training_of(args, overrides),
+        hidden_size=hidden_size(args),
+        total_steps=args.total_steps,
+    )
+
+
+def for_accelerate_of(args: argparse.Namespace, job: Job | None) -> Config:
+    """The config of ``args.config`` (or of its job) for Accelerate (``interop.for_accelerate``), with the run's facts:
+    a job's, else those the options give."""
+    if job is None:
+        config, overrides = load_with_sets(args.config, args.set)
+        return for_accelerate(
+            config,
+            world_size=args.world_size or 1,
+            training=_training_of(args, overrides),
+            hidden_size=hidden_size(args),
+            total_steps=args.total_steps,
+        )
+    try:
+        return for_accelerate(
+            job.config,
+            world_size=args.world_size or job.launch.world_size,
+            training=job.training,
+            hidden_size=hidden_size(args) or job.model.hidden_size,
+            total_steps=args.total_steps,
+        )
+    except ConfigError as e:  # named as Job.resolve names them: under strategy.config, in the job file
+        error = e.prefixed("strategy.config")
+        raise error.with_source(job.source) if job.source else error from None
+
+
+def _training_of(args: argparse.Namespace, overrides: Mapping[str, object]) -> Training | None:
+    """The training arguments of ``--training FILE`` and the ``--set training.NAME=VALUE`` ``overrides``, if any."""
     fields: dict[str, object] = {}
     if args.training is not None:
         path = Path(args.training)
@@ -187,10 +358,7 @@ def resolved(args: argparse.Namespace) -> Config:
         if isinstance(table, dict):  # a job file's [training] table
             fields = dict(table)
     fields.update(overrides)
-    training = Training.from_dict(fields) if fields else None
-    return config.resolve(
-        world_size=args.world_size or 1, training=training, hidden_size=args.hidden_size, total_steps=args.total_steps
-    )
+    return Training.from_dict(fields) if fields else None
 
 
 def render(config: Config, fmt: str) -> str:
@@ -214,16 +382,22 @@ def add_target(parser: argparse.ArgumentParser) -> None:
     )
 
 
+MOST = 10**15
+"""The largest integer an option takes: a larger one is a typo, and would overflow the float arithmetic it feeds."""
+
+
 def _int_at_least(least: int, expected: str) -> Callable[[str], int]:
-    """An argparse ``type``: an integer >= ``least`` (``expected`` names it in the error)."""
+    """An argparse ``type``: an integer >= ``least`` and <= ``MOST`` (``expected`` names it in the error)."""
 
     def parse(text: str) -> int:
         try:
             value = int(text)
-        except ValueError:
+        except ValueError:  # not an integer, or more digits than Python converts
             value = least - 1
         if value < least:
             raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        if value > MOST:
+            raise argparse.ArgumentTypeError(f"expected {expected} up to 1e15, got {text!r}")
         return value
 
     return parse

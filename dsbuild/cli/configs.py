@@ -1,16 +1,20 @@
-"""The config commands: ``presets``, ``show``, ``export``, ``validate``, ``explain``."""
+"""The config commands: ``presets``, ``show``, ``export``, ``validate``, ``explain``, ``schema``."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 from pathlib import Path
 
 from ..atomic import write_atomic
-from ..errors import DsbuildError
+from ..errors import DsbuildError, UnresolvedAutoError
 from ..explain import explain, render_explanation
-from ..interop import accelerate_config, for_hf, mixed_precision_of, to_yaml, zero_stage
+from ..extras import require
+from ..interop import accelerate_config, for_hf, to_yaml, zero_stage
 from ..presets import presets
-from ..validate import validate
+from ..schema import json_schema
+from ..validate import Diagnostic, validate
 from .common import (
     CONSUMERS,
     FORMATS,
@@ -18,7 +22,9 @@ from .common import (
     add_run_facts,
     add_target,
     diagnose,
+    for_accelerate_of,
     job_of,
+    load_problems,
     load_ref,
     load_with_sets,
     no_training_file,
@@ -27,9 +33,9 @@ from .common import (
     resolved,
     resolved_job,
 )
-from .output import counts, error, out, plural, report
+from .output import counts, error, escape, escape_lines, out, plural, report
 
-__all__ = ["add_explain", "add_export", "add_presets", "add_show", "add_validate"]
+__all__ = ["add_explain", "add_export", "add_presets", "add_schema", "add_show", "add_validate"]
 
 
 def add_presets(commands: Commands) -> None:
@@ -69,7 +75,7 @@ def add_export(commands: Commands) -> None:
         description=(
             "Write a preset, config file or job file's config as a ds_config: as it is, resolved for raw DeepSpeed "
             "(--resolve), for the HF Trainer (--for hf: TrainingArguments(deepspeed=...)) or with an Accelerate "
-            "config that points to it (--for accelerate)."
+            "config that points to it (--for accelerate). Says what it wrote; the files named are written over."
         ),
     )
     p.add_argument("config", metavar="NAME|FILE|JOB", help="a preset name, a .json/.toml/.yaml config, or a job file")
@@ -82,8 +88,15 @@ def add_export(commands: Commands) -> None:
         default="deepspeed",
         help=(
             'who reads it: "deepspeed" (default, the config as it is), "hf" (every value the HF Trainer fills set '
-            'to "auto"), or "accelerate" (OUT is an Accelerate config YAML; the hf ds_config is written beside it)'
+            'to "auto"), or "accelerate" (OUT is an Accelerate config YAML, and the ds_config it points to is written '
+            'too: "auto" where Accelerate fills it in a plain loop, the rest resolved from the job or --training/--set)'
         ),
+    )
+    p.add_argument(
+        "--ds-config",
+        type=Path,
+        metavar="JSON",
+        help="with --for accelerate: the ds_config to write (default: beside OUT, OUT's name with .ds_config.json)",
     )
     p.add_argument(
         "--check",
@@ -102,28 +115,52 @@ def add_export(commands: Commands) -> None:
 
 def _export(args: argparse.Namespace) -> int:
     output = Path(args.output)
-    if args.consumer == "accelerate":
+    accelerate = args.consumer == "accelerate"
+    ds_path: Path | None = None
+    if accelerate:
         fmt = "yaml"
         if output.suffix.lower() not in (".yaml", ".yml"):
             error(f"{output}: --for accelerate writes an Accelerate config: name it .yaml or .yml")
             return 2
+        ds_path = _ds_config_path(output, args.ds_config)
+        if ds_path is None:
+            return 2
+    elif args.ds_config is not None:
+        error("--ds-config names the ds_config that --for accelerate writes beside its YAML: use -o for this export")
+        return 2
     else:
         fmt = args.format or output.suffix.lower().lstrip(".")
     if fmt not in (*FORMATS, "yaml"):
         error(f"{output}: cannot tell the output format from its suffix: use --format json|toml or a .json/.toml name")
         return 2
     if args.resolve and args.consumer != "deepspeed":
-        error(
-            f'--resolve fills the "auto" values that --for {args.consumer} leaves for the HF Trainer: use one or the other'
-        )
+        tool = "Accelerate" if accelerate else "the HF Trainer"
+        error(f'--resolve fills the "auto" values that --for {args.consumer} leaves for {tool}: use one or the other')
         return 2
+    if args.check:
+        # A value the reader refuses is a config that fails its checks (exit 1), as validate says; not unreadable.
+        rejected = load_problems(args.config, args.set)
+        if rejected:
+            return _not_written(args.config, rejected)
     job = job_of(args.config, args.set)
     if job is not None:
         no_training_file(args)
+    if accelerate:
+        try:
+            config = for_accelerate_of(args, job)
+        except UnresolvedAutoError as e:
+            report(e)
+            error(
+                'not written: --for accelerate keeps "auto" only where Accelerate fills it in a plain loop and resolves '
+                "the rest: export a job file, give the training arguments (--training FILE or --set "
+                "training.NAME=VALUE), or set these values in the config"
+            )
+            return 2
+    elif job is not None:
         config = resolved_job(job, args) if args.resolve else job.config
     else:
         config = resolved(args) if args.resolve else load_with_sets(args.config, args.set)[0]
-    if args.consumer != "deepspeed":
+    if args.consumer == "hf":
         config = for_hf(config)
     target = "hf" if args.consumer != "deepspeed" else args.target
     world_size = args.world_size or (job.launch.world_size if job is not None else 1)
@@ -131,27 +168,39 @@ def _export(args: argparse.Namespace) -> int:
         found = validate(config, world_size=world_size, target=target, resolved=args.resolve)
         errors = [d for d in found if d.severity == "error"]
         if errors:
-            for d in errors:
-                error(f"{args.config}: {d}")
-            error(f"not written: {plural(len(errors), 'error')}")
-            return 1
-    if args.consumer == "accelerate":
-        ds_path = output.with_name("ds_config.json")
+            return _not_written(args.config, errors)
+    if ds_path is not None:
         config.to_json(ds_path)
         settings = accelerate_config(
             str(ds_path),
             num_processes=world_size,
             num_machines=job.launch.nnodes if job is not None else 1,
             zero3_init=zero_stage(config) == 3,
-            mixed_precision=mixed_precision_of(config, job.training if job is not None else None),
         )
         write_atomic(output, to_yaml(settings))
-        out(f"wrote {ds_path}")
-        out(f"wrote {output}  (accelerate launch --config_file {output} your_script.py)")
+        out(f"wrote {output}, {ds_path}  (accelerate launch --config_file {output} your_script.py)")
         return 0
     written = config.to_json(output) if fmt == "json" else config.to_toml(output)
     out(f"wrote {written}")
     return 0
+
+
+def _ds_config_path(output: Path, given: Path | None) -> Path | None:
+    """Where ``--for accelerate`` writes the ds_config: ``--ds-config``, else ``OUT``'s name with ``.ds_config.json``
+    beside it (``accel.yaml``: ``accel.ds_config.json``); ``None`` after saying why it cannot be."""
+    path = given if given is not None else output.with_name(f"{output.stem}.ds_config.json")
+    if path.suffix.lower() != ".json":  # never -o's file, then: that one is .yaml
+        error(f"--ds-config {path}: Accelerate reads the ds_config as JSON: name it .json")
+        return None
+    return path
+
+
+def _not_written(ref: str, errors: list[Diagnostic]) -> int:
+    """``export --check`` refusing: each error as ``validate`` words it, then what happened; exit 1."""
+    for d in errors:
+        error(f"{ref}: {d}")
+    error(f"not written: {plural(len(errors), 'error')}")
+    return 1
 
 
 def add_validate(commands: Commands) -> None:
@@ -180,20 +229,45 @@ def add_validate(commands: Commands) -> None:
         default=False,
         help="unknown keys are errors (default: warnings, as DeepSpeed ignores them)",
     )
+    p.add_argument(
+        "--deepspeed",
+        action="store_true",
+        help=(
+            "also run the installed DeepSpeed's own config parser on each config (as dsbuild would hand it, at "
+            "--world-size) and list what it refuses (needs dsbuild[train])"
+        ),
+    )
     add_target(p)
     p.set_defaults(handler=_validate)
 
 
 def _validate(args: argparse.Namespace) -> int:
+    if args.deepspeed:
+        if args.target == "hf":
+            error(
+                '--deepspeed asks DeepSpeed about the config as written, but --target hf leaves "auto" values for the '
+                "HF Trainer to fill: export it with --resolve, then validate that file with --deepspeed"
+            )
+            return 2
+        require("dsbuild validate --deepspeed", "torch", "deepspeed")
+        # Parsing needs no device: DeepSpeed on its CPU accelerator imports quickly and quietly everywhere.
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     unreadable = with_errors = 0
     totals = {"error": 0, "warning": 0}
     for ref in args.configs:
         try:
-            found = diagnose(ref, strict=args.strict, world_size=args.world_size, target=args.target, sets=args.set)
+            found = diagnose(
+                ref,
+                strict=args.strict,
+                world_size=args.world_size,
+                target=args.target,
+                sets=args.set,
+                deepspeed=args.deepspeed,
+            )
         except DsbuildError as e:
             unreadable += 1
             report(e)
-            out(f"{ref}: unreadable")
+            out(f"{escape(ref)}: unreadable")
             continue
         errors = [d for d in found if d.severity == "error"]
         warnings = [d for d in found if d.severity == "warning"]
@@ -201,14 +275,14 @@ def _validate(args: argparse.Namespace) -> int:
         totals["warning"] += len(warnings)
         with_errors += bool(errors)
         if not found:
-            out(f"{ref}: ok")
+            out(f"{escape(ref)}: ok")
             continue
-        out(f"{ref}: {counts(len(errors), len(warnings))}")
+        out(f"{escape(ref)}: {counts(len(errors), len(warnings))}")
         for title, group in (("errors", errors), ("warnings", warnings)):
             if group:
                 out(f" {title}:")
                 for d in group:
-                    out(f"  {d}")
+                    out(f"  {escape(str(d))}")
     n = len(args.configs)
     parts = [f"{plural(n, 'config')} checked", counts(totals["error"], totals["warning"])]
     if unreadable:
@@ -238,5 +312,27 @@ def _explain(args: argparse.Namespace) -> int:
         config = resolved_job(job, args)
     else:
         config = resolved(args)
-    out(render_explanation(explain(config)))
+    out(escape_lines(render_explanation(explain(config))))
+    return 0
+
+
+def add_schema(commands: Commands) -> None:
+    p = commands.add_parser(
+        "schema",
+        help="the JSON Schema of a ds_config, for editors",
+        description=(
+            "Print the JSON Schema (draft 2020-12) of a ds_config, generated from dsbuild's typed model: editors "
+            "use it to complete and check JSON and TOML config files (docs/schema.md says how to set them up)."
+        ),
+    )
+    p.add_argument("-o", "--output", metavar="OUT", help="write it to OUT (atomically) instead of printing it")
+    p.set_defaults(handler=_schema)
+
+
+def _schema(args: argparse.Namespace) -> int:
+    text = json.dumps(json_schema(), indent=2, ensure_ascii=False) + "\n"
+    if args.output is None:
+        out(text, end="")
+    else:
+        out(f"wrote {write_atomic(args.output, text)}")
     return 0

@@ -17,7 +17,7 @@ from ..errors import ConfigError, DsbuildError, NonFiniteLossError
 from ..job import demo_job_path, load_job
 from ..overrides import parse_set
 from ..run import run
-from .output import show_logs
+from .output import error, escape, show_logs
 
 __all__ = ["main"]
 
@@ -57,7 +57,7 @@ def _main(argv: Sequence[str] | None) -> int:
         where = f"{e.source}: " if isinstance(e, ConfigError) and e.source else ""
         problems = e.problems if isinstance(e, ConfigError) else [str(e)]
         for problem in problems:
-            print(f"dsbuild: error: rank {rank}: {where}{problem}", file=sys.stderr)
+            error(f"rank {rank}: {escape(where)}{escape(str(problem))}")
         get_error_handler().record_exception(e)  # torchrun's summary names this rank and the error
         return 1 if isinstance(e, NonFiniteLossError) else 2
     finally:

@@ -64,8 +64,10 @@ def add_plan(commands: Commands) -> None:
         "plan",
         help="which ZeRO stage and offload fit your GPUs",
         description=(
-            "Model-state memory per GPU and per node for every ZeRO stage and offload choice (the figures of "
-            "DeepSpeed's own estimators; activations are not included), and the fastest choice that fits."
+            "Memory per GPU and per node for every ZeRO stage and offload choice, and the fastest choice that "
+            "fits. Each GPU needs its model states (DeepSpeed's own estimators), the activations of one "
+            "micro-batch (from the model's shape: give --model) and a headroom for the CUDA context and "
+            "fragmentation. Sizes: GiB is 2**30 bytes, GB 10**9."
         ),
     )
     size = p.add_mutually_exclusive_group(required=True)
@@ -76,8 +78,26 @@ def add_plan(commands: Commands) -> None:
     )
     p.add_argument("--gpus-per-node", type=positive_int, default=1, metavar="N")
     p.add_argument("--nodes", type=positive_int, default=1, metavar="N")
-    p.add_argument("--gpu-memory", metavar="SIZE", help="memory per GPU, e.g. 80GiB")
+    p.add_argument("--gpu-memory", metavar="SIZE", help="memory per GPU, e.g. 80GiB or 81920MiB (as nvidia-smi shows)")
     p.add_argument("--cpu-memory", metavar="SIZE", help="CPU memory per node, e.g. 512GiB")
+    p.add_argument("--seq-len", type=positive_int, metavar="N", help="tokens per sequence (default: 2048)")
+    p.add_argument("--micro-batch", type=positive_int, metavar="N", help="sequences per GPU per step (default: 1)")
+    p.add_argument(
+        "--gradient-checkpointing",
+        action=argparse.BooleanOptionalAction,
+        help="activations with full recomputation, as HF gradient_checkpointing (default: on)",
+    )
+    p.add_argument(
+        "--flash-attention",
+        action="store_true",
+        help="the attention kernel keeps no seq x seq scores (FlashAttention, SDPA's flash backend)",
+    )
+    p.add_argument(
+        "--headroom",
+        metavar="SIZE|PCT%",
+        help="GPU memory kept free for the CUDA context and fragmentation: a size, a percent or both "
+        "(default: 2GiB+10%%)",
+    )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--emit", metavar="FILE", type=Path, help="write the recommended config as TOML (or JSON by suffix)")
     p.set_defaults(handler=_plan)
@@ -96,6 +116,17 @@ def _plan(args: argparse.Namespace) -> int:
         nodes=args.nodes,
         gpu_memory=args.gpu_memory,
         cpu_memory=args.cpu_memory,
+        flash_attention=args.flash_attention,
+        headroom=args.headroom,
+        **{
+            name: value
+            for name, value in (
+                ("seq_len", args.seq_len),
+                ("micro_batch", args.micro_batch),
+                ("gradient_checkpointing", args.gradient_checkpointing),
+            )
+            if value is not None  # not given: the planner's default
+        },
     )
     out(json.dumps(plan_to_json(result), indent=2) if args.json else format_plan_table(result))
     if args.emit is not None:

@@ -8,12 +8,14 @@ import os
 import sys
 from pathlib import Path
 
+import attrs
+
 from .. import launch, output_dir, run
 from ..errors import ConfigError, OutputDirError
 from ..extras import require
 from ..job import demo_job_path, load_job
 from .common import Commands, job_sets, non_negative_int, positive_int
-from .output import error, out, plural, warning
+from .output import error, escape_lines, out, plural, warning
 
 __all__ = ["add_train"]
 
@@ -52,10 +54,19 @@ def add_train(commands: Commands) -> None:
         help='override a job value, in TOML syntax (training.max_steps=100, launch.device_mapping="0-3")',
     )
     p.add_argument("--nproc-per-node", type=positive_int, metavar="N", help="processes per node (default: the job's)")
-    p.add_argument("--nnodes", type=positive_int, metavar="N", help="nodes (default: the job's)")
-    p.add_argument("--node-rank", type=non_negative_int, metavar="R", help="this node's rank, with --nnodes")
-    p.add_argument("--master-addr", metavar="ADDR", help="the address of node 0, with --nnodes")
-    p.add_argument("--master-port", type=positive_int, metavar="PORT", help="a free port on node 0 (default 29500)")
+    p.add_argument("--nnodes", type=positive_int, metavar="N", help="nodes (default: the Slurm job's, else the job's)")
+    p.add_argument(
+        "--node-rank", type=non_negative_int, metavar="R", help="this node's rank, with --nnodes (Slurm: SLURM_NODEID)"
+    )
+    p.add_argument(
+        "--master-addr", metavar="ADDR", help="the address of node 0, with --nnodes (Slurm: the node list's first host)"
+    )
+    p.add_argument(
+        "--master-port",
+        type=positive_int,
+        metavar="PORT",
+        help="a free port on node 0 (default 29500; in a Slurm job MASTER_PORT, else one from SLURM_JOB_ID)",
+    )
     again = p.add_mutually_exclusive_group()
     again.add_argument(
         "--resume",
@@ -79,20 +90,32 @@ def _train(args: argparse.Namespace) -> int:
     path = Path(args.job) if args.job is not None else demo_job_path()
     job = load_job(path, job_sets(args.set))
     nproc = args.nproc_per_node or job.launch.nproc_per_node
-    nnodes = args.nnodes or job.launch.nnodes
-    node_rank = args.node_rank or 0
-    if nnodes > 1 and (args.node_rank is None or args.master_addr is None):
-        error(f"{nnodes} nodes: give each node's launch --node-rank R and --master-addr of node 0 (and --master-port)")
-        return 2
-    if node_rank >= nnodes:
-        error(f"--node-rank {node_rank}: expected 0 to {nnodes - 1} for {nnodes} nodes")
-        return 2
+    # Flags first, then the Slurm job this runs in, then the job file (docs/jobs.md, "Slurm").
+    nodes = launch.nodes(
+        nproc,
+        os.environ,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        master_addr=args.master_addr,
+        master_port=args.master_port,
+        job_nnodes=job.launch.nnodes,
+    )
+    nnodes, node_rank = nodes.nnodes, nodes.node_rank
+    for text in nodes.warnings:
+        warning(text)
     if job.launch.device_mapping is not None and len(job.launch.device_mapping) != nproc * nnodes:
-        error(
-            f"{path}: launch.device_mapping lists {len(job.launch.device_mapping)} devices for "
-            f"{nnodes} node(s) x {nproc} process(es)"
+        if args.nproc_per_node is None:
+            error(
+                f"{path}: launch.device_mapping lists {len(job.launch.device_mapping)} devices for "
+                f"{nnodes} node(s) x {nproc} process(es)"
+            )
+            return 2
+        # The option overrides the job's mapping (docs/jobs.md): each node uses its first devices.
+        warning(
+            f"--nproc-per-node {nproc} overrides launch.device_mapping ({len(job.launch.device_mapping)} devices): "
+            f"each node uses its first {nproc} device(s)"
         )
-        return 2
+        job = attrs.evolve(job, launch=attrs.evolve(job.launch, device_mapping=None, nproc_per_node=nproc))
 
     found = job.validate(world_size=nproc * nnodes)
     errors = [d for d in found if d.severity == "error"]
@@ -115,7 +138,9 @@ def _train(args: argparse.Namespace) -> int:
         if node_rank == 0:
             _guard(job.output_dir, resume=resume, overwrite=args.overwrite)
         env = launch.device_env(job, node_rank, nnodes)
-        if nproc * nnodes == 1 and args.master_port is None:
+        if nodes.origin:
+            print(f"dsbuild: {escape_lines(nodes.origin)}", file=sys.stderr)
+        if nproc * nnodes == 1 and nodes.master_port is None:
             os.environ.update(env)
             run.run(
                 job,
@@ -125,7 +150,6 @@ def _train(args: argparse.Namespace) -> int:
                 data=data,
             )
         else:
-            nodes = launch.Nodes(nproc, nnodes, node_rank, args.master_addr, args.master_port)
             run_args = [f"--set={text}" for text in args.set]
             run_args += ["--resume"] if args.resume else []
             run_args += [f"--resume-from={args.resume_from}"] if args.resume_from else []

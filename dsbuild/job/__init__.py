@@ -5,7 +5,9 @@ A job file has five tables::
     [model]      name_or_path, or [model.config] (model_type + fields) for a model built from its config;
                  tokenizer ("byte" = ByT5's byte-level tokenizer, no files), dtype, attn_implementation,
                  gradient_checkpointing; optional [model.lora] r, alpha, dropout, target_modules
-    [data]       path, format ("alpaca" | "text"), max_length, eval_path, template, text_field
+    [data]       path (a file, folder or hub id), format ("text" | "alpaca" | "messages" | "sharegpt"), max_length,
+                 eval_path or eval_split, split, template, chat_template, [data.columns], packing,
+                 train_on_prompt, num_proc
     [training]   the Training fields (HF TrainingArguments names), plus eval_steps
     [strategy]   name = "deepspeed_train"; config = a preset name, a file, or an inline table;
                  [strategy.overrides] any ds_config keys, deep-merged over the config
@@ -38,7 +40,7 @@ Nothing here imports torch, deepspeed, transformers or peft.
 """
 
 from .core import Job, demo_job_path, load_job
-from .devices import parse_device_mapping
+from .devices import MAX_DEVICES, parse_device_mapping
 from .formats import FORMATS, TEMPLATES
 from .reader import is_job, looks_like_job, read_job_dict
 from .spec import (
@@ -56,6 +58,7 @@ __all__ = [
     "BYTE_TOKENIZER",
     "FORMATS",
     "JOB_TABLES",
+    "MAX_DEVICES",
     "STRATEGIES",
     "TEMPLATES",
     "DataSpec",

@@ -76,15 +76,21 @@ class Job:
     def total_steps(self, world_size: int | None = None) -> int | None:
         """Optimizer steps of the run: ``max_steps``, else the epochs over the records counted in the data file.
 
-        The count is that of the file's records; tokenizing may drop a few that do not fit
-        ``max_length``, so a run over epochs can be a step shorter. ``None`` when the file
-        cannot be counted.
+        The count is that of the file's records (less an ``eval_split`` fraction); tokenizing may
+        drop a few that do not fit ``max_length``, so a run over epochs can be a step shorter.
+        ``None`` when the data cannot be counted without loading it: not one JSON / JSON Lines
+        file, or packed (how many sequences the samples fill is known once tokenized).
         """
         if self.training.max_steps > 0:
             return self.training.max_steps
-        records = count_records(self.data.path)
+        path = self.data.path
+        if self.data.packing or not isinstance(path, Path) or path.suffix.lower() not in (".json", ".jsonl"):
+            return None
+        records = count_records(path)
         if records is None:
             return None
+        if isinstance(self.data.eval_split, float):
+            records -= math.ceil(records * self.data.eval_split)  # what datasets' train_test_split holds out
         world = world_size or self.launch.world_size
         micro = self.training.per_device_train_batch_size
         accum = self.training.gradient_accumulation_steps

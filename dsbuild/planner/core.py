@@ -1,4 +1,8 @@
-"""``plan()``: every ZeRO stage and offload choice for one model on one cluster, and the fastest that fits."""
+"""``plan()``: every ZeRO stage and offload choice for one model on one cluster, and the fastest that fits.
+
+A row fits when its model states plus the activations of one micro-batch fit in the GPU's usable memory (the GPU
+less its headroom) and its CPU need fits the node's CPU memory.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +12,30 @@ import attrs
 
 from ..api import Config
 from ..errors import InvalidValueError, Problem
-from .count import count_params
-from .memory import ADDITIONAL_BUFFER_FACTOR, PARAM_BUFFER_SIZE, Device, model_state_bytes, param_buffer_size
-from .sizes import gib, parse_count, parse_size
+from .count import Shape, count_params
+from .memory import (
+    ADDITIONAL_BUFFER_FACTOR,
+    DEFAULT_HEADROOM,
+    PARAM_BUFFER_SIZE,
+    Activations,
+    Device,
+    Headroom,
+    activations,
+    model_state_bytes,
+    param_buffer_size,
+)
+from .sizes import MAX_COUNT, decimal_unit, gib, parse_count, parse_headroom, parse_size
 
-__all__ = ["DEFAULT_NVME_PATH", "DEVICE_NAMES", "SPEED_ORDER", "Plan", "Row", "plan"]
+__all__ = [
+    "DEFAULT_MICRO_BATCH",
+    "DEFAULT_NVME_PATH",
+    "DEFAULT_SEQ_LEN",
+    "DEVICE_NAMES",
+    "SPEED_ORDER",
+    "Plan",
+    "Row",
+    "plan",
+]
 
 DEFAULT_NVME_PATH = "/local_nvme"
 """Where the recommended NVMe config puts its swap files; replace it with a directory on a local NVMe drive."""
@@ -47,9 +70,17 @@ at every forward and backward), and parameters on NVMe come last.
 DEVICE_NAMES = {"none": "GPU", "cpu": "CPU", "nvme": "NVMe"}
 
 
+DEFAULT_SEQ_LEN = 2048
+"""Tokens per sequence the activations are planned for when none is given (GPT-3's context length)."""
+
+
+DEFAULT_MICRO_BATCH = 1
+"""Sequences per GPU per forward pass planned for when none is given: the least activation memory."""
+
+
 @attrs.frozen
 class Row:
-    """One ZeRO stage and offload choice, with the memory its model states need."""
+    """One ZeRO stage and offload choice: its model states, what each GPU needs in all, its CPU and NVMe needs."""
 
     stage: int
     """ZeRO stage, 0-3."""
@@ -58,13 +89,15 @@ class Row:
     offload_param: Device
     """Where 16-bit parameters live off the GPU (stage 3 only): ``"none"``, ``"cpu"`` or ``"nvme"``."""
     gpu_bytes_per_device: int
-    """Model states on each GPU."""
+    """Model states on each GPU (DeepSpeed's estimators' figure)."""
+    gpu_total_bytes: int
+    """What each GPU needs in all: model states + activations + headroom (``Plan.activations``, ``Plan.headroom_bytes``)."""
     cpu_bytes_per_node: int
     """CPU memory on each node (with DeepSpeed's 1.5x head room; pinned NVMe swap buffers included)."""
     nvme_bytes: int
     """Bytes on the NVMe drive of each node (0 without NVMe offload)."""
     fits: bool
-    """Within the GPU and CPU budgets given (a budget not given always fits)."""
+    """``gpu_total_bytes`` within the GPU and ``cpu_bytes_per_node`` within the CPU budget (one not given always fits)."""
 
     @property
     def label(self) -> str:
@@ -105,6 +138,22 @@ class Plan:
     """What the figures include and leave out."""
     source: str
     """Where the parameter count came from."""
+    shape: Shape | None
+    """The model's hidden size, layers, heads and vocabulary; ``None`` when only a count was given."""
+    seq_len: int
+    """Tokens per sequence the activations are planned for."""
+    micro_batch: int
+    """Sequences per GPU per forward pass the activations are planned for."""
+    gradient_checkpointing: bool
+    """Whether the activations are planned with full activation recomputation."""
+    flash_attention: bool
+    """Whether the attention kernel is taken to keep no ``seq × seq`` scores."""
+    activations: Activations | None
+    """Activation memory per GPU, by part; ``None`` when the model's shape is unknown (not counted)."""
+    headroom: Headroom
+    """The rule the headroom follows (a fixed part and a percent of the GPU)."""
+    headroom_bytes: int
+    """GPU memory kept free on each GPU: the CUDA context, workspaces, buffers and fragmentation."""
     nvme_path: str = DEFAULT_NVME_PATH
     """The NVMe directory configs of NVMe rows use."""
 
@@ -112,6 +161,16 @@ class Plan:
     def world_size(self) -> int:
         """GPUs in all: ``gpus_per_node × nodes``."""
         return self.gpus_per_node * self.nodes
+
+    @property
+    def activation_bytes(self) -> int:
+        """Activation bytes per GPU counted in every row (0 when the model's shape is unknown)."""
+        return self.activations.total if self.activations is not None else 0
+
+    @property
+    def usable_gpu_memory(self) -> int | None:
+        """The GPU budget less the headroom (at least 0): what model states and activations may use."""
+        return max(0, self.gpu_memory - self.headroom_bytes) if self.gpu_memory is not None else None
 
     def row(self, stage: int, offload_optimizer: Device = "none", offload_param: Device = "none") -> Row:
         """The row of one stage and offload choice."""
@@ -134,20 +193,40 @@ def plan(
     gpu_memory: int | float | str | None = None,
     cpu_memory: int | float | str | None = None,
     *,
+    seq_len: int = DEFAULT_SEQ_LEN,
+    micro_batch: int = DEFAULT_MICRO_BATCH,
+    gradient_checkpointing: bool = True,
+    flash_attention: bool = False,
+    headroom: str | int | float | None = None,
     nvme_path: str = DEFAULT_NVME_PATH,
     additional_buffer_factor: float = ADDITIONAL_BUFFER_FACTOR,
 ) -> Plan:
-    """Model-state memory of every ZeRO stage × offload choice, and the fastest config that fits.
+    """Memory per GPU of every ZeRO stage × offload choice, and the fastest config that fits.
 
     Give ``params`` (a number or ``"7B"``) or ``model``: an HF config (object,
     dict, ``config.json`` or its directory) or a model object. With both,
-    ``params`` is the total and ``model`` still gives the largest layer.
-    Budgets are bytes or sizes such as ``"80GiB"``; one not given always fits.
+    ``params`` is the total and ``model`` still gives the largest layer and
+    the shape. Budgets are bytes or sizes such as ``"80GiB"`` (``"80GB"`` is
+    10**9 bytes each); one not given always fits.
+
+    Each GPU needs its model states, the activations of one micro-batch of
+    ``seq_len`` tokens × ``micro_batch`` sequences (from the model's shape;
+    with ``gradient_checkpointing``, full recomputation; with
+    ``flash_attention``, no stored attention scores), and the ``headroom``: a
+    size, a percent of the GPU or both, ``"2GiB+10%"`` by default.
     """
     problems: list[Problem] = []
-    for name, value in (("gpus_per_node", gpus_per_node), ("nodes", nodes)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            problems.append(Problem(name, f"got {value!r}, expected a positive integer"))
+    for name, value in (
+        ("gpus_per_node", gpus_per_node),
+        ("nodes", nodes),
+        ("seq_len", seq_len),
+        ("micro_batch", micro_batch),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_COUNT:
+            problems.append(Problem(name, f"got {value!r}, expected a positive integer up to 1e15"))
+    for name, flag in (("gradient_checkpointing", gradient_checkpointing), ("flash_attention", flash_attention)):
+        if not isinstance(flag, bool):
+            problems.append(Problem(name, f"got {flag!r}, expected True or False"))
     if not isinstance(additional_buffer_factor, int | float) or additional_buffer_factor < 1:
         problems.append(
             Problem("additional_buffer_factor", f"got {additional_buffer_factor!r}, expected a number >= 1")
@@ -175,20 +254,35 @@ def plan(
         )
     gpu_budget = parse_size(gpu_memory, "gpu_memory") if gpu_memory is not None else None
     cpu_budget = parse_size(cpu_memory, "cpu_memory") if cpu_memory is not None else None
+    rule = Headroom(*parse_headroom(headroom, "headroom")) if headroom is not None else DEFAULT_HEADROOM
+    kept = rule.of(gpu_budget)
     source = size.source if params is None and size is not None else "given"
+    shape = size.shape if size is not None else None
+    acts = (
+        activations(
+            micro_batch,
+            seq_len,
+            shape.hidden_size,
+            shape.num_layers,
+            num_heads=None if flash_attention else shape.num_heads,
+            checkpointing=gradient_checkpointing,
+            vocab_size=shape.vocab_size,
+        )
+        if shape is not None
+        else None
+    )
+    per_gpu = kept + (acts.total if acts is not None else 0)
 
     factor = float(additional_buffer_factor)
     rows = tuple(
-        _row(stage, opt, par, total, largest, gpus_per_node, nodes, factor, gpu_budget, cpu_budget)
+        _row(stage, opt, par, total, largest, gpus_per_node, nodes, factor, per_gpu, gpu_budget, cpu_budget)
         for stage, opt, par in SPEED_ORDER
     )
     chosen = next((r for r in rows if r.fits), None)
     recommended = _config_for(chosen, largest, gpus_per_node * nodes, nvme_path) if chosen else None
 
-    notes[:0] = [
-        "activations are not included: add them (they grow with micro-batch size × sequence length, "
-        "activation checkpointing shrinks them; estimate_activation_bytes gives an approximate figure), "
-        "plus temporary buffers and the CUDA context",
+    notes[:0] = _notes(acts, rule, kept, gpu_memory, gpu_budget, gradient_checkpointing, flash_attention)
+    notes += [
         "model states of mixed-precision training with Adam: 2 bytes/param 16-bit weights, 2 bytes 16-bit "
         "gradients, 16 bytes fp32 gradients + master weights + Adam moments; stage 3 with zero.Init",
         f"CPU figures carry DeepSpeed's {additional_buffer_factor:g}x head room; NVMe rows include the pinned "
@@ -206,11 +300,66 @@ def plan(
         rows=rows,
         recommended=recommended,
         recommended_row=chosen,
-        reason=_reason(rows, chosen, gpu_budget, cpu_budget),
+        reason=_reason(rows, chosen, gpu_budget, cpu_budget, kept, acts),
         notes=tuple(notes),
         source=source,
+        shape=shape,
+        seq_len=seq_len,
+        micro_batch=micro_batch,
+        gradient_checkpointing=gradient_checkpointing,
+        flash_attention=flash_attention,
+        activations=acts,
+        headroom=rule,
+        headroom_bytes=kept,
         nvme_path=nvme_path,
     )
+
+
+def _notes(
+    acts: Activations | None,
+    rule: Headroom,
+    kept: int,
+    gpu_memory: object,
+    gpu_budget: int | None,
+    checkpointing: bool,
+    flash_attention: bool,
+) -> list[str]:
+    """What the GPU figures count, and what they assume."""
+    notes: list[str] = []
+    if acts is None:
+        notes.append(
+            "activations are NOT counted: with a bare parameter count the model's shape is unknown; "
+            "give the model's config to count them"
+        )
+    else:
+        recompute = (
+            "full recomputation (HF gradient_checkpointing): each layer keeps its 16-bit input, one layer "
+            "is rebuilt at a time"
+            if checkpointing
+            else "no recomputation: every layer keeps its activations"
+        )
+        scores = (
+            "no stored attention scores (a fused kernel such as FlashAttention)"
+            if flash_attention
+            else "attention scores stored (5·a·s²·b per layer; a fused kernel such as FlashAttention keeps none)"
+        )
+        notes.append(
+            "activations: Korthikanti et al. 2022, 16-bit, s·b·h·(34 + 5·a·s/h) bytes per layer, "
+            f"{recompute}; {scores}; plus the fp32 logits 4·s·b·V; no tensor or sequence parallelism"
+        )
+    fragmentation = f"{rule.percent:g}% of the GPU" if rule.percent else ""
+    notes.append(
+        f"headroom {gib(kept)} per GPU ({rule.describe()}): the CUDA context, cuBLAS and NCCL workspaces, "
+        "DeepSpeed's communication buckets, the caching allocator's fragmentation"
+        + (f"; the {fragmentation} part needs gpu_memory" if gpu_budget is None and fragmentation else "")
+    )
+    if gpu_budget is not None and decimal_unit(gpu_memory):
+        notes.append(
+            f"gpu_memory {gpu_memory!r} is read as {gpu_budget:,} bytes ({gib(gpu_budget)}): GB are 10**9 bytes. "
+            "A GPU sold as '80GB' has about 80 GiB: nvidia-smi shows MiB (81920MiB on an A100 80GB); "
+            "give that figure or '80GiB'"
+        )
+    return notes
 
 
 def _row(
@@ -222,12 +371,23 @@ def _row(
     gpus_per_node: int,
     nodes: int,
     factor: float,
+    per_gpu: int,
     gpu_budget: int | None,
     cpu_budget: int | None,
 ) -> Row:
     gpu, cpu, nvme = model_state_bytes(stage, opt, par, params, largest, gpus_per_node, nodes, factor)
-    fits = (gpu_budget is None or gpu <= gpu_budget) and (cpu_budget is None or cpu <= cpu_budget)
-    return Row(stage, opt, par, gpu, cpu, nvme, fits)
+    total = gpu + per_gpu
+    fits = (gpu_budget is None or total <= gpu_budget) and (cpu_budget is None or cpu <= cpu_budget)
+    return Row(
+        stage,
+        opt,
+        par,
+        gpu_bytes_per_device=gpu,
+        gpu_total_bytes=total,
+        cpu_bytes_per_node=cpu,
+        nvme_bytes=nvme,
+        fits=fits,
+    )
 
 
 def _config_for(row: Row, largest: int, world_size: int, nvme_path: str) -> Config:
@@ -249,30 +409,43 @@ def _config_for(row: Row, largest: int, world_size: int, nvme_path: str) -> Conf
     return cfg
 
 
-def _reason(rows: tuple[Row, ...], chosen: Row | None, gpu: int | None, cpu: int | None) -> str:
-    budget = " and ".join(
-        part
-        for part in (
-            f"{gib(gpu)} per GPU" if gpu is not None else "",
-            f"{gib(cpu)} CPU memory per node" if cpu is not None else "",
-        )
-        if part
+def _reason(
+    rows: tuple[Row, ...],
+    chosen: Row | None,
+    gpu: int | None,
+    cpu: int | None,
+    kept: int,
+    acts: Activations | None,
+) -> str:
+    usable = (
+        f"{gib(max(0, gpu - kept))} usable per GPU ({gib(gpu)} less {gib(kept)} headroom)" if gpu is not None else ""
     )
+    budget = " and ".join(
+        part for part in (usable, f"{gib(cpu)} CPU memory per node" if cpu is not None else "") if part
+    )
+    unknown = "; activations not counted (give the model's config)" if acts is None else ""
     if chosen is not None:
         text = f"{chosen.label} is the fastest choice" + (f" that fits in {budget}" if budget else "")
         if cpu is None and chosen.cpu_bytes_per_node:
             text += f"; it needs {gib(chosen.cpu_bytes_per_node)} CPU memory per node"
-        return text
-    gpu_fits = [r for r in rows if gpu is None or r.gpu_bytes_per_device <= gpu]
+        return text + unknown
+    gpu_fits = [r for r in rows if gpu is None or r.gpu_total_bytes <= gpu]
+    if gpu is not None and kept >= gpu:
+        return f"nothing fits: the headroom, {gib(kept)}, takes all of the {gib(gpu)} per GPU; give a smaller headroom"
     if not gpu_fits:
-        least = min(rows, key=lambda r: (r.gpu_bytes_per_device, r.cpu_bytes_per_node))
+        least = min(rows, key=lambda r: (r.gpu_total_bytes, r.cpu_bytes_per_node))
+        need = least.gpu_total_bytes - kept
+        smaller = ""
+        if acts is not None:
+            smaller = "gradient checkpointing, " if not acts.layer_inputs else ""
+            smaller += f"shorter sequences or a smaller micro-batch (activations {gib(acts.total)}), "
         return (
-            f"nothing fits in {gib(gpu or 0)} per GPU: the smallest need is {gib(least.gpu_bytes_per_device)} "
-            f"({least.label}); add GPUs or nodes, or split the model (tensor/pipeline parallel)"
+            f"nothing fits in {usable}: the smallest need is {gib(need)} ({least.label}); add GPUs or nodes, "
+            f"{smaller}or split the model (tensor/pipeline parallel){unknown}"
         )
-    least = min(gpu_fits, key=lambda r: (r.cpu_bytes_per_node, r.gpu_bytes_per_device))
-    within = f" of the choices that fit {gib(gpu)} per GPU," if gpu is not None else ""
+    least = min(gpu_fits, key=lambda r: (r.cpu_bytes_per_node, r.gpu_total_bytes))
+    within = f" of the choices that fit {usable}," if gpu is not None else ""
     return (
         f"nothing fits in {gib(cpu or 0)} CPU memory per node:{within} the smallest CPU need is "
-        f"{gib(least.cpu_bytes_per_node)} ({least.label}); add CPU memory or nodes"
+        f"{gib(least.cpu_bytes_per_node)} ({least.label}); add CPU memory or nodes{unknown}"
     )

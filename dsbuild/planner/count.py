@@ -6,7 +6,6 @@ to count it.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -14,14 +13,29 @@ from typing import Any
 
 import attrs
 
-from ..errors import InvalidValueError, MissingDependencyError, Problem
+from ..errors import ConfigError, InvalidValueError, MissingDependencyError, Problem
+from ..io import read_table
 
-__all__ = ["DEFAULTS", "ModelSize", "count_params"]
+__all__ = ["DEFAULTS", "ModelSize", "Shape", "count_params"]
+
+
+@attrs.frozen
+class Shape:
+    """What a transformer's activation memory depends on, read from its config."""
+
+    hidden_size: int
+    """Width of the residual stream (``hidden_size``, GPT-2's ``n_embd``)."""
+    num_layers: int
+    """Transformer layers (``num_hidden_layers``, GPT-2's ``n_layer``)."""
+    num_heads: int
+    """Attention (query) heads (``num_attention_heads``, GPT-2's ``n_head``)."""
+    vocab_size: int
+    """Tokens in the vocabulary: the width of the logits."""
 
 
 @attrs.frozen
 class ModelSize:
-    """How many parameters a model has, and its largest layer (what ZeRO-3 gathers at once)."""
+    """How many parameters a model has, its largest layer (what ZeRO-3 gathers at once) and its shape."""
 
     params: int
     """Total parameters, shared (tied) ones once."""
@@ -29,6 +43,8 @@ class ModelSize:
     """Parameters of the largest module, counting only its own (not its children's): DeepSpeed's ``largest_layer_params``."""
     source: str
     """Where the count came from, e.g. ``"llama config, counted analytically"``."""
+    shape: Shape | None = None
+    """Hidden size, layers, heads and vocabulary, for activation memory; ``None`` when no config says them."""
 
 
 def count_params(model: Any) -> ModelSize:
@@ -44,7 +60,7 @@ def count_params(model: Any) -> ModelSize:
     if isinstance(model, Mapping):
         return _count_config(dict(model))
     if callable(getattr(model, "parameters", None)) and callable(getattr(model, "modules", None)):
-        return _count_module(model, "model object")
+        return attrs.evolve(_count_module(model, "model object"), shape=_shape_of(getattr(model, "config", None)))
     if callable(getattr(model, "to_dict", None)) and hasattr(model, "model_type"):
         return _count_config(model.to_dict(), config_object=model)
     raise InvalidValueError(
@@ -66,12 +82,10 @@ def _read_config_json(path: Path) -> dict[str, Any]:
             )
         )
     try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise InvalidValueError(Problem("model", f"cannot read {str(file)!r}: {err}")) from None
-    if not isinstance(data, dict):
-        raise InvalidValueError(Problem("model", f"{str(file)!r} does not hold a JSON object"))
-    return data
+        return read_table(file)
+    except ConfigError as err:
+        reason = "; ".join(str(p) for p in err.problems)
+        raise InvalidValueError(Problem("model", f"cannot read {str(file)!r}: {reason}")) from None
 
 
 def _count_module(model: Any, source: str) -> ModelSize:
@@ -123,8 +137,8 @@ def _count_config(data: dict[str, Any], *, source_path: Path | None = None, conf
         return _count_on_meta(data, source_path=source_path, config_object=config_object)
     values = {**DEFAULTS[str(model_type)], **{k: v for k, v in data.items() if v is not None}}
     modules = _Modules()
-    counter(_Reader(values, str(model_type)), modules)
-    return ModelSize(modules.total, modules.largest, f"{model_type} config, counted analytically")
+    shape = counter(_Reader(values, str(model_type)), modules)
+    return ModelSize(modules.total, modules.largest, f"{model_type} config, counted analytically", shape)
 
 
 class _Reader:
@@ -153,7 +167,7 @@ class _Reader:
         return bool(self.values.get(key, False))
 
 
-def _llama_like(c: _Reader, m: _Modules) -> None:
+def _llama_like(c: _Reader, m: _Modules) -> Shape:
     """llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, phi3: RMSNorm decoders with gated MLPs."""
     kind = c.model_type
     vocab, hidden, inter = c.int("vocab_size"), c.int("hidden_size"), c.int("intermediate_size")
@@ -186,12 +200,13 @@ def _llama_like(c: _Reader, m: _Modules) -> None:
     m.add(hidden, repeat=norms * layers)  # input/post-attention (and pre/post-feedforward) norms
     m.add(hidden)  # final norm
     m.add(vocab * hidden, shared=c.flag("tie_word_embeddings"))  # lm_head
+    return Shape(hidden, layers, heads, vocab)
 
 
-def _gpt2(c: _Reader, m: _Modules) -> None:
+def _gpt2(c: _Reader, m: _Modules) -> Shape:
     """GPT-2: learned positions, LayerNorm with bias, Conv1D projections with bias."""
     vocab, hidden = c.int("vocab_size"), c.int("n_embd", "hidden_size")
-    layers = c.int("n_layer", "num_hidden_layers")
+    layers, heads = c.int("n_layer", "num_hidden_layers"), c.int("n_head", "num_attention_heads")
     inter = c.int("n_inner", default=4 * hidden)
     positions = c.int("n_positions", "max_position_embeddings")
     layer_norm = 2 * hidden
@@ -209,12 +224,13 @@ def _gpt2(c: _Reader, m: _Modules) -> None:
         m.add(layer_norm, repeat=layers)  # ln_cross_attn
     m.add(layer_norm)  # ln_f
     m.add(vocab * hidden, shared=c.flag("tie_word_embeddings"))  # lm_head
+    return Shape(hidden, layers, heads, vocab)
 
 
-def _gpt_neox(c: _Reader, m: _Modules) -> None:
+def _gpt_neox(c: _Reader, m: _Modules) -> Shape:
     """GPT-NeoX (Pythia): fused QKV, LayerNorm with bias, plain MLP with bias."""
     vocab, hidden, inter = c.int("vocab_size"), c.int("hidden_size"), c.int("intermediate_size")
-    layers = c.int("num_hidden_layers")
+    layers, heads = c.int("num_hidden_layers"), c.int("num_attention_heads")
     bias = c.flag("attention_bias")
 
     m.add(vocab * hidden)  # embed_in
@@ -225,9 +241,10 @@ def _gpt_neox(c: _Reader, m: _Modules) -> None:
     m.add(inter * hidden + hidden, repeat=layers)  # dense_4h_to_h
     m.add(2 * hidden)  # final_layer_norm
     m.add(vocab * hidden, shared=c.flag("tie_word_embeddings"))  # lm_head (embed_out)
+    return Shape(hidden, layers, heads, vocab)
 
 
-_COUNTERS: dict[str, Callable[[_Reader, _Modules], None]] = {
+_COUNTERS: dict[str, Callable[[_Reader, _Modules], Shape]] = {
     **dict.fromkeys(("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3"), _llama_like),
     "gpt2": _gpt2,
     "gpt_neox": _gpt_neox,
@@ -263,4 +280,21 @@ def _count_on_meta(data: dict[str, Any], *, source_path: Path | None, config_obj
     auto_model: Any = transformers.AutoModelForCausalLM
     with torch.device("meta"):
         model = auto_model.from_config(config_object)
-    return _count_module(model, f"{model_type} config, built on the meta device")
+    size = _count_module(model, f"{model_type} config, built on the meta device")
+    return attrs.evolve(size, shape=_shape_of(config_object))
+
+
+_SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+"""The ``PretrainedConfig`` attributes of a ``Shape``; each class maps its own names to them (GPT-2's ``n_embd``...)."""
+
+
+def _shape_of(config: Any) -> Shape | None:
+    """The shape an HF config object states (its text model's, for a multimodal one), or ``None``."""
+    text = config.get_text_config() if callable(getattr(config, "get_text_config", None)) else config
+    values: list[int] = []
+    for key in _SHAPE_KEYS:
+        value = getattr(text, key, None)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            return None
+        values.append(value)
+    return Shape(*values)

@@ -1,6 +1,8 @@
-"""Model-state memory per GPU, per node's CPU and on NVMe for one ZeRO stage and offload choice, and activations.
+"""The one memory model: model states per GPU, per node's CPU and on NVMe; activations; the GPU's headroom.
 
-DeepSpeed's own accounting (``estimate_zero2/3_model_states_mem_needs``), extended to stages 0 and 1 and NVMe.
+Model states are DeepSpeed's own accounting (``estimate_zero2/3_model_states_mem_needs``), extended to stages 0
+and 1 and NVMe; activations follow Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+Transformer Models"; the headroom is what a GPU loses to the CUDA context and fragmentation.
 """
 
 from __future__ import annotations
@@ -8,13 +10,22 @@ from __future__ import annotations
 import math
 from typing import Literal
 
+import attrs
+
+from .sizes import GiB, gib
+
 __all__ = [
     "ADDITIONAL_BUFFER_FACTOR",
+    "DEFAULT_HEADROOM",
     "OPT",
     "P16",
     "PARAM_BUFFER_SIZE",
+    "Activations",
     "Device",
+    "Headroom",
+    "activations",
     "estimate_activation_bytes",
+    "layer_activation_bytes",
     "model_state_bytes",
     "param_buffer_size",
 ]
@@ -99,6 +110,68 @@ def param_buffer_size(largest_layer_params: int, world_size: int) -> int:
     return PARAM_BUFFER_SIZE if needed <= PARAM_BUFFER_SIZE else -(-needed // 10**7) * 10**7
 
 
+def layer_activation_bytes(micro_batch: int, seq_len: int, hidden_size: int, num_heads: int | None) -> int:
+    """Activations one transformer layer keeps for its backward pass, in bytes (16-bit, no tensor parallelism).
+
+    Korthikanti et al. 2022, section 4.1: ``s·b·h·(34 + 5·a·s/h)`` = ``34·s·b·h``
+    (attention 11, MLP 19, the two layer norms 4) ``+ 5·a·s²·b`` (the attention
+    scores: softmax output 2, its dropout mask 1, the dropout output 2). With
+    ``num_heads=None`` the scores are taken as never stored: an attention kernel
+    such as FlashAttention (or PyTorch SDPA's flash and memory-efficient
+    backends) recomputes them, leaving ``34·s·b·h``.
+    """
+    scores = 5 * num_heads * seq_len * seq_len * micro_batch if num_heads else 0
+    return 34 * seq_len * micro_batch * hidden_size + scores
+
+
+@attrs.frozen
+class Activations:
+    """Activation memory of one micro-batch on each GPU, by part, in bytes."""
+
+    layer_inputs: int
+    """With gradient checkpointing, the 16-bit input every layer keeps (``2·s·b·h`` each); 0 without."""
+    layers: int
+    """Full activations held at once: every layer's without checkpointing, one layer's (recomputed) with it."""
+    logits: int
+    """The fp32 logits the loss reads (``4·s·b·V``)."""
+
+    @property
+    def total(self) -> int:
+        """All three together."""
+        return self.layer_inputs + self.layers + self.logits
+
+
+def activations(
+    micro_batch: int,
+    seq_len: int,
+    hidden_size: int,
+    num_layers: int,
+    *,
+    num_heads: int | None = None,
+    checkpointing: bool = False,
+    vocab_size: int | None = None,
+) -> Activations:
+    """Activation memory per GPU of one micro-batch (16-bit training, no tensor or sequence parallelism).
+
+    Each layer keeps ``layer_activation_bytes`` without checkpointing. With
+    full activation recomputation (what HF ``gradient_checkpointing`` and
+    ``torch.utils.checkpoint`` around each layer do, not the paper's selective
+    recomputation) a layer keeps only its 16-bit input, ``2·s·b·h``, and
+    during the backward pass one layer's full activations are rebuilt at a
+    time. ``vocab_size`` adds the logits the loss reads in fp32,
+    ``4·s·b·V`` (the paper's cross-entropy term): for a large vocabulary this
+    is the largest single tensor. ZeRO does not partition activations, so
+    the figure is the same for every stage. Real use varies with the
+    architecture (gated MLPs, grouped-query attention) and the framework's
+    temporaries: it is an estimate, not a bound.
+    """
+    layer = layer_activation_bytes(micro_batch, seq_len, hidden_size, num_heads)
+    inputs = 2 * seq_len * micro_batch * hidden_size * num_layers if checkpointing else 0
+    held = layer if checkpointing else layer * num_layers
+    logits = 4 * seq_len * micro_batch * vocab_size if vocab_size else 0
+    return Activations(inputs, held, logits)
+
+
 def estimate_activation_bytes(
     micro_batch: int,
     seq_len: int,
@@ -109,21 +182,38 @@ def estimate_activation_bytes(
     checkpointing: bool = False,
     vocab_size: int | None = None,
 ) -> int:
-    """APPROXIMATE activation memory per GPU of one micro-batch, in bytes (16-bit training, no tensor parallel).
+    """``activations(...).total``: the activation bytes per GPU of one micro-batch, as one number."""
+    return activations(
+        micro_batch,
+        seq_len,
+        hidden_size,
+        num_layers,
+        num_heads=num_heads,
+        checkpointing=checkpointing,
+        vocab_size=vocab_size,
+    ).total
 
-    Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
-    Models" (2022): a transformer layer keeps ``s·b·h·(34 + 5·a·s/h)`` bytes;
-    with ``num_heads=None`` the attention scores are taken as never stored
-    (FlashAttention / SDPA), leaving ``34·s·b·h``. With activation
-    checkpointing each layer keeps only its 16-bit input (``2·s·b·h``) plus one
-    layer recomputed at a time. ``vocab_size`` adds the fp32 logits
-    (``4·s·b·V``). Real use varies with the architecture (gated MLPs, GQA),
-    the attention kernel and the framework's temporaries: treat it as a
-    starting point, not a bound.
-    """
-    sbh = seq_len * micro_batch * hidden_size
-    per_layer = 34 * sbh + (5 * num_heads * seq_len * seq_len * micro_batch if num_heads else 0)
-    total = 2 * sbh * num_layers + per_layer if checkpointing else per_layer * num_layers
-    if vocab_size:
-        total += 4 * seq_len * micro_batch * vocab_size
-    return int(total)
+
+@attrs.frozen
+class Headroom:
+    """GPU memory kept free of the plan: the CUDA context, library workspaces, communication buckets, fragmentation."""
+
+    fixed: int
+    """Bytes per GPU, whatever its size (the CUDA context, cuBLAS and NCCL workspaces)."""
+    percent: float
+    """Percent of the GPU's memory (the caching allocator's fragmentation, DeepSpeed's temporary buffers)."""
+
+    def of(self, gpu_memory: int | None) -> int:
+        """Bytes kept free on a GPU of ``gpu_memory`` bytes; only ``fixed`` when the GPU's size is not known."""
+        return self.fixed + (int(gpu_memory * self.percent / 100) if gpu_memory else 0)
+
+    def describe(self) -> str:
+        """``"2.00 GiB + 10% of the GPU"``."""
+        parts = [gib(self.fixed)] if self.fixed else []
+        if self.percent:
+            parts.append(f"{self.percent:g}% of the GPU")
+        return " + ".join(parts) or "none"
+
+
+DEFAULT_HEADROOM = Headroom(2 * GiB, 10.0)
+"""2 GiB for the CUDA context and workspaces, plus 10% of the GPU for fragmentation and temporary buffers."""

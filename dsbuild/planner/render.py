@@ -6,30 +6,30 @@ import textwrap
 from collections.abc import Iterable
 from typing import Any
 
+import attrs
+
 from .core import Plan, Row
-from .sizes import gib
+from .sizes import GiB, gib
 
 __all__ = ["format_plan_table", "plan_to_json"]
 
 
 def format_plan_table(plan: Plan) -> str:
-    """A fixed-width table of every row (GiB, 2 decimals), the recommended one marked ``*``, notes below."""
+    """A fixed-width table of every row in GiB, the recommended one marked ``*``; the assumptions above, notes below.
+
+    Each row reads: model states + activations + headroom = what each GPU needs, against the GPU's memory.
+    """
     nodes = f"{plan.nodes} node" + ("s" if plan.nodes != 1 else "")
     gpus = f"{plan.gpus_per_node} GPU" + ("s" if plan.gpus_per_node != 1 else "") + " per node"
     largest = f"{count_text(plan.largest_layer_params)}" if plan.largest_layer_params else "unknown"
-    budgets = ", ".join(
-        (
-            f"GPU {gib(plan.gpu_memory)}" if plan.gpu_memory is not None else "GPU not given",
-            f"CPU {gib(plan.cpu_memory)} per node" if plan.cpu_memory is not None else "CPU not given",
-        )
-    )
-    lines = [
-        f"{count_text(plan.params)} parameters ({plan.source}; largest layer {largest}), {gpus} x {nodes}",
-        f"budgets: {budgets}; rows fastest first",
-        "",
-    ]
-    header = ("", "stage", "optimizer", "params", "GPU/device", "CPU/node", "NVMe/node", "fits")
+    lines = [f"{count_text(plan.params)} parameters ({plan.source}; largest layer {largest}), {gpus} x {nodes}"]
+    for line in (_gpu_line(plan), _activation_line(plan)):
+        lines.append(textwrap.fill(line, width=_WIDTH, subsequent_indent="  ", break_on_hyphens=False))
+    cpu = f"CPU {gib(plan.cpu_memory)} per node" if plan.cpu_memory is not None else "CPU not given"
+    lines += [f"{cpu}; sizes in GiB per GPU (CPU and NVMe per node); rows fastest first", ""]
+    header = ("", "stage", "optimizer", "params", "states", "+activations", "+headroom", "=GPU", "CPU", "NVMe", "fits")
     table = [header]
+    acts, kept = _number(plan.activation_bytes), _number(plan.headroom_bytes)
     for r in plan.rows:
         table.append(
             (
@@ -37,14 +37,17 @@ def format_plan_table(plan: Plan) -> str:
                 str(r.stage),
                 r.offload_optimizer,
                 r.offload_param,
-                gib(r.gpu_bytes_per_device),
-                gib(r.cpu_bytes_per_node),
-                gib(r.nvme_bytes) if r.nvme_bytes else "-",
+                _number(r.gpu_bytes_per_device),
+                acts if plan.activations is not None else "?",
+                kept,
+                _number(r.gpu_total_bytes),
+                _number(r.cpu_bytes_per_node),
+                _number(r.nvme_bytes) if r.nvme_bytes else "-",
                 "yes" if r.fits else "no",
             )
         )
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    right = {4, 5, 6}
+    right = set(range(4, 10))
     for row in table:
         cells = [
             cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))
@@ -59,6 +62,42 @@ def format_plan_table(plan: Plan) -> str:
             textwrap.fill(note, width=_WIDTH, initial_indent="  - ", subsequent_indent="    ", break_on_hyphens=False)
         )
     return "\n".join(lines)
+
+
+def _gpu_line(plan: Plan) -> str:
+    """``GPU 80.00 GiB less headroom 10.00 GiB (2.00 GiB + 10% of the GPU) = 70.00 GiB usable``."""
+    if plan.gpu_memory is None:
+        return f"GPU not given (headroom {gib(plan.headroom_bytes)}: {plan.headroom.describe()})"
+    return (
+        f"GPU {gib(plan.gpu_memory)} less headroom {gib(plan.headroom_bytes)} ({plan.headroom.describe()}) "
+        f"= {gib(plan.usable_gpu_memory or 0)} usable"
+    )
+
+
+def _activation_line(plan: Plan) -> str:
+    """The activations by part, and what they assume."""
+    if plan.activations is None or plan.shape is None:
+        return "activations not counted: the model's shape is unknown (give its config)"
+    a, shape = plan.activations, plan.shape
+    parts = [f"{shape.num_layers} layer inputs {_number(a.layer_inputs)}"] if a.layer_inputs else []
+    parts.append(
+        f"one layer recomputed {_number(a.layers)}"
+        if plan.gradient_checkpointing
+        else f"{shape.num_layers} layers {_number(a.layers)}"
+    )
+    parts.append(f"fp32 logits {_number(a.logits)}")
+    recompute = "gradient checkpointing" if plan.gradient_checkpointing else "no gradient checkpointing"
+    attention = ", FlashAttention" if plan.flash_attention else ""
+    return (
+        f"activations {gib(a.total)} = {' + '.join(parts)} "
+        f"(seq {plan.seq_len} x micro-batch {plan.micro_batch}, {recompute}{attention}; "
+        f"hidden {shape.hidden_size}, {shape.num_heads} heads, vocab {shape.vocab_size})"
+    )
+
+
+def _number(n: int) -> str:
+    """Bytes as GiB, 2 decimals, no unit (the table's header says GiB)."""
+    return f"{n / GiB:.2f}"
 
 
 _WIDTH = 100
@@ -80,6 +119,7 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
             "offload_optimizer": r.offload_optimizer,
             "offload_param": r.offload_param,
             "gpu_bytes_per_device": r.gpu_bytes_per_device,
+            "gpu_total_bytes": r.gpu_total_bytes,
             "cpu_bytes_per_node": r.cpu_bytes_per_node,
             "nvme_bytes": r.nvme_bytes,
             "fits": r.fits,
@@ -95,6 +135,19 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
         "nodes": plan.nodes,
         "gpu_memory": plan.gpu_memory,
         "cpu_memory": plan.cpu_memory,
+        "headroom": attrs.asdict(plan.headroom),
+        "headroom_bytes": plan.headroom_bytes,
+        "usable_gpu_memory": plan.usable_gpu_memory,
+        "seq_len": plan.seq_len,
+        "micro_batch": plan.micro_batch,
+        "gradient_checkpointing": plan.gradient_checkpointing,
+        "flash_attention": plan.flash_attention,
+        "shape": attrs.asdict(plan.shape) if plan.shape is not None else None,
+        "activations": (
+            {**attrs.asdict(plan.activations), "total": plan.activations.total}
+            if plan.activations is not None
+            else None
+        ),
         "rows": rows,
         "recommended": plan.recommended.to_dict() if plan.recommended is not None else None,
         "recommended_row": _index(plan.rows, plan.recommended_row),

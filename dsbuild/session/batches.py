@@ -24,6 +24,7 @@ def loader(
     seed: int,
     drop_last: bool,
     collate_fn: Callable[[list[Any]], Any] | None,
+    num_workers: int = 0,
 ) -> Any:
     """``data`` itself when it is a DataLoader; else a DataLoader over this rank's share of a Dataset or sequence."""
     if isinstance(data, DataLoader):
@@ -37,7 +38,14 @@ def loader(
         shuffle=shuffle,
         seed=seed,
     )
-    return DataLoader(data, batch_size=batch_size, sampler=sampler, collate_fn=collate_fn, drop_last=drop_last)  # type: ignore[arg-type]
+    return DataLoader(
+        data,  # type: ignore[arg-type]
+        batch_size=batch_size,
+        sampler=sampler,
+        collate_fn=collate_fn,
+        drop_last=drop_last,
+        num_workers=num_workers,
+    )
 
 
 @attrs.define

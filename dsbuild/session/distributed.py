@@ -79,8 +79,16 @@ def init() -> None:
             f"no build is running there, so remove it (rm {paths}) and start again"
         )
     install()  # DeepSpeed asks py-cpuinfo for every op it loads: once per machine is enough
+    alone = not is_initialized() and not any(k in os.environ for k in _LAUNCHER_KEYS)
     ensure_env()
-    deepspeed.init_distributed(verbose=False)
+    if alone:
+        # One process needs no rendezvous: an in-memory store, so no port is listened on (a free port picked
+        # first can be taken by another process before the group binds it).
+        from deepspeed.accelerator import get_accelerator
+
+        backend = get_accelerator().communication_backend_name()
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)  # type: ignore[attr-defined]
+    deepspeed.init_distributed(verbose=False)  # takes the group there is
 
 
 def barrier() -> None:

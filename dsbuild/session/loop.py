@@ -84,9 +84,16 @@ def fit(
     if save_every and session.output_dir is None:
         raise SessionError("save_every needs an output directory: pass output_dir= to the Session")
     save_at_end = session.output_dir is not None and (bool(save_every) or strategy == "epoch")
-    log_every = _every(session, "logging_steps", target) or 1
+    training = session.training
+    logging = training.logging_strategy if training is not None else "steps"
+    log_every = (_every(session, "logging_steps", target) or 1) if logging == "steps" else None
+    log_first = training is not None and training.logging_first_step
+    evaluation = training.eval_strategy if training is not None else "no"
+    if eval_every is None and evaluation == "steps" and training is not None:
+        eval_every = _every(session, "eval_steps" if training.eval_steps is not None else "logging_steps", target)
 
     records: list[dict[str, Any]] = []
+    last: dict[str, Any] | None = None  # the latest optimizer step's record
     kept = History(session.history_path if session.is_main_process else None)
     bar = tqdm(
         total=target,
@@ -120,10 +127,11 @@ def fit(
                     "tokens_per_sec": tokens_sum / elapsed,
                 }
                 records.append(record)
+                last = record
                 if not kept.add(record) and session.terminate_on_nan:
                     kept.flush()
                     raise _non_finite(session, record, kept.last_finite)
-                if out.global_step % log_every == 0:
+                if (log_every and out.global_step % log_every == 0) or (log_first and out.global_step == 1):
                     session.write_events("Train", record)
                     kept.flush()
                 bar.update(1)
@@ -140,14 +148,22 @@ def fit(
                     break
             else:
                 session.position.next_epoch()
+                if logging == "epoch" and last is not None:
+                    session.write_events("Train", last)
+                if evaluation == "epoch" and eval_data is not None:
+                    kept.flush()
+                    records.append(_evaluated(session, eval_data, collate_fn, loss_fn))
                 if strategy == "epoch" and session.output_dir is not None and save_every is None:
                     kept.flush()
                     session.save_checkpoint()
     finally:
         bar.close()
         kept.flush()
-    if eval_data is not None and not eval_every:
-        records.append(_evaluated(session, eval_data, collate_fn, loss_fn))
+    evaluated_last = any(r.get("step") == engine.global_steps and "eval_loss" in r for r in records)
+    if eval_data is not None and not eval_every and not (evaluation == "epoch" and evaluated_last):
+        records.append(_evaluated(session, eval_data, collate_fn, loss_fn))  # the end of the last epoch, too
+    if logging == "epoch" and last is not None and session.position.batch_in_epoch:
+        session.write_events("Train", last)  # the last epoch ended with the run, before its end was seen
     if save_at_end and session.last_saved != f"global_step{engine.global_steps}":
         session.save_checkpoint()  # the end of training is always saved, as the HF Trainer does
     return records

@@ -109,7 +109,8 @@ class Session:
         self._hidden_size = hidden_size
         self.total_steps = total_steps
         """The run's optimizer steps, when given (else ``fit`` counts them from the data)."""
-        self._given = with_default_monitor(as_config(config), self.output_dir)
+        report_to = self.training.report_to if self.training is not None else ()
+        self._given = with_default_monitor(as_config(config), self.output_dir, report_to)
         self.world_size: int = distributed.world_size()
         """Processes in the run (from the launcher's environment)."""
 
@@ -159,7 +160,7 @@ class Session:
         Under ZeRO-3 the model is built inside ``zero.Init`` the HF way (never whole
         on one device), with HF's ZeRO-3 switch on only while it is built. ``lora``
         (a peft ``LoraConfig`` or a table of its fields) wraps it afterwards; with
-        ``gradient_checkpointing`` activations are recomputed (non-reentrant).
+        ``gradient_checkpointing`` (or the training argument of that name) activations are recomputed (non-reentrant).
         ``tokenizer`` is a tokenizer or where to load one; it is saved with the model.
         Other keyword arguments go to ``Session``.
         """
@@ -180,7 +181,7 @@ class Session:
         model = building.build_model(
             name_or_path_or_config, probe.to_dict(), dtype=dtype, attn_implementation=attn_implementation
         )
-        if gradient_checkpointing:
+        if gradient_checkpointing or (training_args is not None and training_args.gradient_checkpointing):
             building.enable_gradient_checkpointing(model, lora=lora is not None)
         if lora is not None:
             model = building.apply_lora(model, lora)
@@ -397,6 +398,7 @@ class Session:
             seed=self.training.seed if self.training is not None else DEFAULT_SEED,
             drop_last=bool(self._config.dataloader_drop_last) if shuffle else False,
             collate_fn=collate_fn,
+            num_workers=self.training.dataloader_num_workers if self.training is not None else 0,
         )
 
     def write_events(self, prefix: str, record: Mapping[str, Any]) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -13,9 +13,8 @@ import numpy as np
 import torch
 
 from ..api import Config
-from ..config import CsvMonitor
 from ..errors import ConfigError, Problem, UnresolvedAutoError
-from ..training import Training
+from ..training import REPORT_TO, Training
 from ..validate import check
 
 __all__ = [
@@ -49,14 +48,28 @@ def as_config(config: Config | Mapping[str, Any] | str | os.PathLike[str]) -> Co
     )
 
 
-def with_default_monitor(config: Config, output_dir: Path | None) -> Config:
-    """Turn DeepSpeed's CSV monitor on under ``output_dir`` when the user configured no monitor at all."""
-    if output_dir is None or any(
-        getattr(config, name) is not None for name in ("tensorboard", "csv_monitor", "wandb", "comet")
-    ):
-        return config
-    monitor = CsvMonitor(enabled=True, output_path=str(output_dir / "logs"), job_name="train")
-    return attrs.evolve(config, csv_monitor=monitor)
+MONITORS: Final = ("tensorboard", "csv_monitor", "wandb", "comet")
+"""DeepSpeed's monitor sections."""
+
+
+def with_default_monitor(config: Config, output_dir: Path | None, report_to: Sequence[str] = ()) -> Config:
+    """DeepSpeed's monitors for ``report_to`` (HF's names: tensorboard, wandb, comet_ml, csv), each turned on unless
+    the config has that section itself (the config's own settings win); with none named and no monitor in the
+    config, the CSV monitor, so that metrics land under ``output_dir/logs``."""
+    named = [REPORT_TO[name] for name in report_to if REPORT_TO.get(name)]
+    if not named:
+        if output_dir is None or any(getattr(config, name) is not None for name in MONITORS):
+            return config
+        named = ["csv_monitor"]
+    changes: dict[str, Any] = {}
+    for section in named:
+        if getattr(config, section) is not None:
+            continue
+        where: dict[str, Any] = {}
+        if section in ("tensorboard", "csv_monitor") and output_dir is not None:
+            where = {"output_path": str(output_dir / "logs"), "job_name": "train"}
+        changes[section] = attrs.fields_dict(type(config))[section].metadata["dsbuild"].section(enabled=True, **where)
+    return attrs.evolve(config, **changes) if changes else config
 
 
 def resolve_checked(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import dsbuild
 from dsbuild import Config
 from dsbuild.cli import main
 from dsbuild.compat import tomllib
+from dsbuild.extras import missing
 from dsbuild.presets import preset_names
 
 REPO = Path(__file__).resolve().parents[2]
@@ -160,7 +162,7 @@ def test_export_into_a_missing_directory(capsys: pytest.CaptureFixture[str], tmp
 
 def test_export_check_refuses_a_config_with_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """``--check`` turns validation errors into exit 1 and writes nothing."""
-    src = _write(tmp_path / "amp.json", '{"amp": {"enabled": true}}')
+    src = _write(tmp_path / "amp.json", '{"amp": {"enabled": true}, "train_batch_size": 8}')
     out_path = tmp_path / "out.json"
     code, _, err = run(capsys, "export", str(src), "-o", str(out_path), "--check")
     assert code == 1
@@ -169,6 +171,26 @@ def test_export_check_refuses_a_config_with_errors(capsys: pytest.CaptureFixture
     assert not out_path.exists()
     code, _, _ = run(capsys, "export", str(src), "-o", str(out_path))
     assert code == 0 and out_path.exists()
+
+
+def test_export_check_a_value_the_reader_refuses_exits_1_as_validate_says(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, bad_json: Path
+) -> None:
+    """``--check`` on a value from_dict refuses: exit 1 with validate's wording, nothing written; unreadable stays 2."""
+    src = _write(tmp_path / "stage.json", '{"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 7}}')
+    _, validated, _ = run(capsys, "validate", str(src))
+    listed = validated.splitlines()[2].strip()
+    assert listed.startswith("zero_optimization.stage: ")
+    out_path = tmp_path / "out.json"
+    code, out, err = run(capsys, "export", str(src), "-o", str(out_path), "--check")
+    assert (code, out) == (1, "")
+    assert err.splitlines() == [f"dsbuild: error: {src}: {listed}", "dsbuild: error: not written: 1 error"]
+    assert not out_path.exists()
+    code, _, err = run(capsys, "export", "zero3", "--set", "zero_optimization.stage=9", "-o", str(out_path), "--check")
+    assert code == 1 and err.splitlines()[0].startswith("dsbuild: error: zero3: zero_optimization.stage: got 9")
+    code, _, err = run(capsys, "export", str(bad_json), "-o", str(out_path), "--check")
+    assert code == 2 and err.startswith(f"dsbuild: error: {bad_json}: invalid JSON")
+    assert not out_path.exists()
 
 
 # -- validate --------------------------------------------------------------------
@@ -251,6 +273,91 @@ def test_validate_world_size_is_checked(capsys: pytest.CaptureFixture[str], good
     assert "argument --world-size: expected a positive integer, got '0'" in err
 
 
+# -- validate --deepspeed ----------------------------------------------------------
+
+DS_LINE = "  deepspeed: DeepSpeedConfig refuses it: "
+
+
+@pytest.fixture
+def with_deepspeed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DeepSpeed installed (else the test is skipped; not imported here: the CLI does), on the CPU as the CLI picks it."""
+    if missing("torch", "deepspeed"):
+        pytest.skip("needs DeepSpeed")
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")  # what the CLI sets; set here so it does not outlive the test
+
+
+@pytest.mark.usefixtures("with_deepspeed")
+def test_validate_deepspeed_adds_deepspeeds_own_verdict(capsys: pytest.CaptureFixture[str]) -> None:
+    """A config dsbuild lets through (no batch size yet) but DeepSpeed's parser refuses gets DeepSpeed's line, exit 1."""
+    _, out, _ = run(capsys, "validate", "zero3")
+    assert DS_LINE not in out
+    code, out, err = run(capsys, "validate", "--deepspeed", "zero3")
+    assert (code, err) == (1, "")
+    assert (
+        f"{DS_LINE}AssertionError: Either train_batch_size or train_micro_batch_size_per_gpu needs to be provided\n"
+        in out
+    )
+
+
+@pytest.mark.usefixtures("with_deepspeed")
+def test_validate_deepspeed_lists_dsbuilds_rules_and_deepspeeds_together(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Under --strict the file dsbuild refuses is asked of DeepSpeed as written: both findings in one list."""
+    path = _write(tmp_path / "compile.json", '{"train_micro_batch_size_per_gpu": 1, "compile": {"disable": false}}')
+    code, out, _ = run(capsys, "validate", "--strict", "--deepspeed", str(path))
+    assert code == 1
+    assert "  compile.disable: unknown key" in out
+    assert f"{DS_LINE}ValidationError: compile.disable: Extra inputs are not permitted\n" in out
+
+
+@pytest.mark.usefixtures("with_deepspeed")
+def test_validate_deepspeed_is_quiet_on_a_good_config(capsys: pytest.CaptureFixture[str], good: Path) -> None:
+    """A config both accept: "ok", no DeepSpeed line, exit 0."""
+    code, out, err = run(capsys, "validate", "--deepspeed", str(good))
+    assert (code, err) == (0, "")
+    assert out == f"{good}: ok\n1 config checked, 0 errors, 0 warnings\n"
+
+
+@pytest.mark.usefixtures("with_deepspeed")
+def test_validate_deepspeed_honours_the_world_size(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """DeepSpeed is asked at --world-size: train 8 with micro 4 is fine for 2 processes, refused for 3."""
+    path = _write(tmp_path / "b.json", '{"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4}')
+    code, out, _ = run(capsys, "validate", "--deepspeed", "--world-size", "2", str(path))
+    assert (code, out.splitlines()[0]) == (0, f"{path}: ok")
+    code, out, _ = run(capsys, "validate", "--deepspeed", "--world-size", "3", str(path))
+    assert code == 1
+    assert f"{DS_LINE}AssertionError: Gradient accumulation steps: 0 has to be greater than 0\n" in out
+
+
+@pytest.mark.usefixtures("with_deepspeed")
+def test_validate_deepspeed_judges_auto_as_deepspeed_does(capsys: pytest.CaptureFixture[str]) -> None:
+    """An HF-style preset's "auto" values reach DeepSpeed as written: its TypeError is an error (exit 1)."""
+    code, out, _ = run(capsys, "validate", "--deepspeed", "hf_zero3")
+    assert code == 1
+    assert f"{DS_LINE}TypeError: " in out
+
+
+def test_validate_deepspeed_for_the_hf_trainer_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """--target hf leaves "auto" for the Trainer, so DeepSpeed cannot be asked about it as written: exit 2."""
+    code, out, err = run(capsys, "validate", "--deepspeed", "--target", "hf", "hf_zero3")
+    assert (code, out) == (2, "")
+    assert err.startswith("dsbuild: error: --deepspeed asks DeepSpeed about the config as written")
+
+
+def test_validate_deepspeed_without_deepspeed_names_the_install(
+    capsys: pytest.CaptureFixture[str], good: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without DeepSpeed installed, --deepspeed is a usage error naming the extra that brings it."""
+    monkeypatch.setitem(sys.modules, "deepspeed", None)  # find_spec: not installed
+    code, out, err = run(capsys, "validate", "--deepspeed", str(good))
+    assert (code, out) == (2, "")
+    assert (
+        err
+        == "dsbuild: error: dsbuild validate --deepspeed needs the 'deepspeed' package: pip install 'dsbuild[train]'\n"
+    )
+
+
 # -- usage -----------------------------------------------------------------------
 
 
@@ -316,6 +423,28 @@ def test_subprocess_validate_exit_1_and_no_heavy_imports(tmp_path: Path, removed
     assert result.returncode == 1, result.stderr
     assert "HEAVY []" in result.stdout
     assert "amp: removed from DeepSpeed" in result.stdout
+
+
+def test_subprocess_validate_deepspeed_prints_only_the_report(tmp_path: Path, good: Path) -> None:
+    """In a fresh process (DeepSpeed imported there, no accelerator chosen), DeepSpeed adds no noise to the report."""
+    if missing("torch", "deepspeed"):
+        pytest.skip("needs DeepSpeed")
+    env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
+    result = subprocess.run(
+        [sys.executable, "-m", "dsbuild", "validate", "--deepspeed", good.name, "zero3"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 1, result.stderr
+    assert result.stderr == ""
+    assert result.stdout.startswith(f"{good.name}: ok\nzero3: ")
+    assert f"{DS_LINE}AssertionError: " in result.stdout
+    report = ("  ", " errors:", " warnings:", "zero3: ", "2 configs checked, ")
+    assert [line for line in result.stdout.splitlines()[1:] if not line.startswith(report)] == []
 
 
 def test_a_bare_word_is_a_preset_even_next_to_a_file_of_that_name(

@@ -14,6 +14,7 @@ import pytest
 
 from dsbuild import Config, load_job
 from dsbuild.cli import main
+from dsbuild.extras import missing
 from dsbuild.interop import for_hf
 from dsbuild.job import demo_job_path
 
@@ -51,6 +52,13 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     out, err = capsys.readouterr()
     assert "Traceback" not in out + err
     return code, out, err
+
+
+@pytest.fixture(autouse=True)
+def _outside_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`dsbuild train` reads a Slurm job's variables: these tests run as outside one, even on a Slurm cluster."""
+    for key in [k for k in os.environ if k.startswith("SLURM_")]:
+        monkeypatch.delenv(key)
 
 
 @pytest.fixture
@@ -107,6 +115,38 @@ def test_validate_lists_every_problem_of_a_bad_job(capsys: pytest.CaptureFixture
     ]
 
 
+def test_validate_deepspeed_asks_deepspeed_about_a_jobs_resolved_config(
+    capsys: pytest.CaptureFixture[str], job: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job's config resolved for its run is what DeepSpeed is asked about; one that resolves only in the run is not."""
+    if missing("torch", "deepspeed"):
+        pytest.skip("needs DeepSpeed")
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")  # what the CLI sets; set here so it does not outlive the test
+    code, out, _ = run(capsys, "validate", "--deepspeed", str(job))
+    assert (code, out) == (0, f"{job}: ok\n1 config checked, 0 errors, 0 warnings\n")
+
+    _edit(job, 'config = "zero2"', 'config = "hf_zero3"')
+    _edit(job, "max_steps = 10", "num_train_epochs = 1")
+    _edit(job, 'path = "train.jsonl"', 'path = "someone/a_hub_dataset"')  # its length is known only in the run
+    _, out, _ = run(capsys, "validate", "--deepspeed", str(job))
+    assert "  deepspeed: not asked: the config resolves only in the run (strategy.config.scheduler.params." in out
+    assert "deepspeed: DeepSpeedConfig" not in out
+
+
+def test_export_check_a_job_value_the_reader_refuses_exits_1(
+    capsys: pytest.CaptureFixture[str], job: Path, tmp_path: Path
+) -> None:
+    """``export --check`` on a job with a bad value: exit 1 and validate's wording, not "unreadable" (exit 2)."""
+    out_path = tmp_path / "ds.json"
+    code, _, err = run(capsys, "export", str(job), "-o", str(out_path), "--check", "--set", 'training.seed="x"')
+    assert code == 1
+    assert err.splitlines() == [
+        f"dsbuild: error: {job}: training.seed: got 'x', expected an integer >= 0",
+        "dsbuild: error: not written: 1 error",
+    ]
+    assert not out_path.exists()
+
+
 def test_validate_set_is_for_jobs(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(capsys, "validate", "zero2", "--set", "zero_optimization.stage=1")
     assert code == 2
@@ -125,7 +165,7 @@ def test_validate_set_is_for_jobs(capsys: pytest.CaptureFixture[str]) -> None:
         ([], ('config = "zero2"', 'config = "zero2"\nname = "vllm"'),
          ["strategy.name: got 'vllm', expected 'deepspeed_train' (the only strategy dsbuild runs)"]),
         (["model.lora.r=0", "data.format=csv"], None,
-         ["model.lora.r: got 0, expected an integer > 0", "data.format: got 'csv', expected one of 'alpaca', 'text'"]),
+         ["model.lora.r: got 0, expected an integer > 0", "data.format: got 'csv', expected one of 'alpaca', 'messages', 'sharegpt', 'text'"]),
         (['launch.device_mapping="0-3,2"'], None, ["launch.device_mapping: device 2 listed twice"]),
         (["training.max_steps"], None, None),
     ],
@@ -189,6 +229,27 @@ def test_train_usage_errors(capsys: pytest.CaptureFixture[str], job: Path) -> No
     assert code == 2 and "expected an integer >= 0, got '-1'" in err
 
 
+def test_train_usage_errors_in_a_slurm_job(
+    capsys: pytest.CaptureFixture[str], job: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Slurm environment that contradicts itself is exit 2 before anything starts, one line per variable."""
+    slurm = {"SLURM_JOB_ID": "7", "SLURM_NNODES": "2", "SLURM_NODEID": "2", "SLURM_JOB_NODELIST": "gpu[01-03]"}
+    for key, value in slurm.items():
+        monkeypatch.setenv(key, value)
+    code, out, err = run(capsys, "train", str(job))
+    assert (code, out) == (2, "")
+    assert err == (
+        "dsbuild: error: SLURM_NODEID: 2 is not below the 2 nodes of SLURM_NNODES\n"
+        "dsbuild: error: SLURM_JOB_NODELIST: 'gpu[01-03]' names 3 hosts, but SLURM_NNODES is 2\n"
+    )
+    monkeypatch.setenv("SLURM_NODEID", "0")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu[01-")
+    code, _, err = run(capsys, "train", str(job), "--nnodes", "2", "--node-rank", "0")  # the address is left to Slurm
+    assert (code, err) == (
+        2, "dsbuild: error: SLURM_JOB_NODELIST: 'gpu[01-' is not a Slurm host list: a '[' without its ']'\n"
+    )  # fmt: skip
+
+
 def _dsbuild(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     return subprocess.run(
@@ -207,21 +268,32 @@ def test_device_mapping_holding_code_is_refused_and_never_run(job: Path, tmp_pat
         assert "Traceback" not in done.stdout + done.stderr
         assert "launch.device_mapping: cannot read \"__import__('os').system(" in done.stdout + done.stderr
     done = _dsbuild("train", str(job), "--set", f"launch.device_mapping=list(range(0,2)) + [{payload}]", cwd=tmp_path)
-    assert done.returncode == 2 and "launch.device_mapping: cannot read" in done.stderr
+    assert done.returncode == 2 and "--set launch.device_mapping=" in done.stderr and "not a TOML value" in done.stderr
     assert not marker.exists()
 
 
-def test_job_commands_import_nothing_heavy(job: Path) -> None:
-    """validate / explain / export on a job never import torch & co (only train does)."""
+@pytest.mark.parametrize(
+    ("command", "allowed"),
+    [
+        (["explain"], "[]"),
+        (["export", "--for", "hf", "-o", "hf.json"], "[]"),
+        (["validate"], "['torch', 'transformers']"),  # [model.config] is checked against its transformers class
+    ],
+)
+def test_job_commands_import_only_what_they_check_with(job: Path, command: list[str], allowed: str) -> None:
+    """explain / export on a job import nothing heavy; validate imports transformers (and torch, which transformers
+    loads) to check the model, never DeepSpeed or peft (only train does)."""
+    argv = [command[0], str(job), *command[1:]]
     code = (
         "import sys\nfrom dsbuild.cli import main\n"
-        f"codes = [main(['validate', {str(job)!r}]), main(['explain', {str(job)!r}]),"
-        f" main(['export', {str(job)!r}, '--for', 'hf', '-o', {str(job.parent / 'hf.json')!r}])]\n"
-        "print('CODES', codes, sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'deepspeed', 'transformers', 'peft'}))\n"
+        f"code = main({argv!r})\n"
+        "print('CODE', code, sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'deepspeed', 'transformers', 'peft'}))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False, cwd=job.parent
+    )
     assert done.returncode == 0, done.stderr
-    assert "CODES [0, 0, 0] []" in done.stdout
+    assert f"CODE 0 {allowed}" in done.stdout
 
 
 # -- explain / export ------------------------------------------------------------------------
@@ -276,21 +348,78 @@ def test_export_a_preset_for_the_hf_trainer(capsys: pytest.CaptureFixture[str], 
 def test_export_for_accelerate_writes_a_config_and_the_ds_config(
     capsys: pytest.CaptureFixture[str], job: Path, tmp_path: Path
 ) -> None:
-    """--for accelerate: OUT is Accelerate's YAML, pointing at the hf ds_config written beside it."""
+    """--for accelerate: OUT is Accelerate's YAML, pointing at a ds_config named after it; one line says both; "auto"
+    only where Accelerate fills it, the rest from the job; nothing else written."""
     yaml = pytest.importorskip("yaml")
     out_path = tmp_path / "accelerate.yaml"
     code, out, _ = run(capsys, "export", str(job), "--for", "accelerate", "--set", "launch.nproc_per_node=4",
-                       "--set", "training.bf16=true", "-o", str(out_path))  # fmt: skip
+                       "--set", "training.bf16=true", "--set", "training.adam_beta2=0.95", "-o", str(out_path))  # fmt: skip
     assert code == 0
-    ds_path = tmp_path / "ds_config.json"
-    assert out.splitlines() == [
-        f"wrote {ds_path}",
-        f"wrote {out_path}  (accelerate launch --config_file {out_path} your_script.py)",
-    ]
+    ds_path = tmp_path / "accelerate.ds_config.json"
+    assert out == f"wrote {out_path}, {ds_path}  (accelerate launch --config_file {out_path} your_script.py)\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [ds_path.name, out_path.name, "job.toml", "train.jsonl"]
     settings = yaml.safe_load(out_path.read_text())
     assert settings["distributed_type"] == "DEEPSPEED" and settings["compute_environment"] == "LOCAL_MACHINE"
     assert settings["deepspeed_config"] == {"deepspeed_config_file": str(ds_path), "zero3_init_flag": False}
-    assert (settings["num_processes"], settings["num_machines"], settings["mixed_precision"]) == (4, 1, "bf16")
-    assert json.loads(ds_path.read_text())["train_batch_size"] == "auto"
-    code, _, err = run(capsys, "export", "zero3", "--for", "accelerate", "-o", str(tmp_path / "a.json"))
-    assert code == 2 and "name it .yaml or .yml" in err
+    assert (settings["num_processes"], settings["num_machines"]) == (4, 1) and "mixed_precision" not in settings
+    written = json.loads(ds_path.read_text())
+    assert written["train_batch_size"] == written["optimizer"]["params"]["lr"] == "auto"
+    assert written["bf16"] == {"enabled": True} and written["gradient_clipping"] == 1.0
+    assert written["optimizer"]["params"]["betas"] == [0.9, 0.95]
+
+    # --ds-config names the file instead; the files named are written over, as -o always is.
+    named = tmp_path / "sub" / "mine.json"
+    named.parent.mkdir()
+    named.write_text("{}")
+    code, out, _ = run(
+        capsys, "export", str(job), "--for", "accelerate", "--ds-config", str(named), "-o", str(out_path)
+    )
+    assert code == 0 and out.startswith(f"wrote {out_path}, {named}  (")
+    assert json.loads(named.read_text())["train_batch_size"] == "auto"
+    assert yaml.safe_load(out_path.read_text())["deepspeed_config"]["deepspeed_config_file"] == str(named)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["zero3", "--for", "accelerate", "-o", "a.json"], "a.json: --for accelerate writes an Accelerate config: name it .yaml or .yml"),
+        (["zero3", "--for", "accelerate", "-o", "a.yaml", "--ds-config", "a.toml"], "--ds-config a.toml: Accelerate reads the ds_config as JSON: name it .json"),
+        (["zero3", "--for", "accelerate", "-o", "a.yaml", "--ds-config", "a.yaml"], "--ds-config a.yaml: Accelerate reads the ds_config as JSON: name it .json"),
+        (["zero3", "-o", "a.json", "--ds-config", "b.json"], "--ds-config names the ds_config that --for accelerate writes beside its YAML: use -o for this export"),
+        (["zero3", "--for", "accelerate", "--resolve", "-o", "a.yaml"], '--resolve fills the "auto" values that --for accelerate leaves for Accelerate: use one or the other'),
+    ],
+)  # fmt: skip
+def test_export_for_accelerate_usage_errors(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, argv: list[str], message: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, "export", *argv)
+    assert (code, out, err) == (2, "", f"dsbuild: error: {message}\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_export_for_accelerate_refuses_what_only_the_hf_trainer_fills(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A ds_config without training arguments: each "auto" Accelerate leaves is named with what fills it; nothing
+    written. Given the arguments, the same export works."""
+    out_path = tmp_path / "a.yaml"
+    code, out, err = run(capsys, "export", "hf_zero3", "--for", "accelerate", "-o", str(out_path))
+    lines = err.splitlines()
+    assert code == 2 and out == "" and list(tmp_path.iterdir()) == []
+    assert [line.split(":")[2].strip() for line in lines[:-1]] == [
+        "fp16.enabled",
+        "bf16.enabled",
+        "optimizer.params.betas",
+        "optimizer.params.eps",
+        "gradient_clipping",
+    ]
+    assert lines[2] == (
+        'dsbuild: error: optimizer.params.betas: "auto" needs the training arguments adam_beta1 and adam_beta2 '
+        "(give --training FILE or --set training.NAME=VALUE)"
+    )
+    assert lines[-1].startswith('dsbuild: error: not written: --for accelerate keeps "auto" only where Accelerate')
+    code, _, _ = run(
+        capsys, "export", "hf_zero3", "--for", "accelerate", "--set", "training.bf16=true", "-o", str(out_path)
+    )
+    assert code == 0 and json.loads((tmp_path / "a.ds_config.json").read_text())["bf16"] == {"enabled": True}

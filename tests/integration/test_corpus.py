@@ -1,4 +1,5 @@
-"""Real ds_configs from public projects: dsbuild reads each, and DeepSpeed reads our rewrite exactly as the original.
+"""Real ds_configs from public projects: dsbuild reads each, DeepSpeed reads our rewrite exactly as the original,
+and the JSON Schema (``dsbuild schema``) flags nothing in them but the keys DeepSpeed ignores.
 
 The corpus (``shared/corpus`` next to the repository, see its INDEX.md) holds JSON ds_configs and
 YAML files. A YAML file that is one ds_config under a single top-level key (ROLL's
@@ -21,9 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from jsonschema import Draft202012Validator
 
 from dsbuild import Config, ConfigError
 from dsbuild.convert import to_dict
+from dsbuild.schema import json_schema
 
 from_dict = Config.from_dict
 
@@ -107,6 +110,17 @@ def test_corpus_config_loads(path: Path) -> None:
     assert set(config.ignored) == ignored
     assert Config.from_dict(config.to_dict()) == config
     assert json.loads(json.dumps(config.to_dict())) == config.to_dict()
+
+
+@pytest.mark.parametrize("path", DS_CONFIGS, ids=IDS)
+def test_corpus_config_fits_the_json_schema(path: Path) -> None:
+    """An editor with the schema flags each real config's keys DeepSpeed ignores (but ``_`` comments), nothing else."""
+    validator = Draft202012Validator(json_schema())
+    original = load_ds_config(path)
+    unknown = {k for k in IGNORED_BY_DEEPSPEED.get(_name(path), set()) if not k.startswith("_")}
+    known = {k: v for k, v in original.items() if k not in unknown}
+    assert [e.message for e in validator.iter_errors(known)] == []
+    assert validator.is_valid(original) == (not unknown)
 
 
 def test_the_yaml_presets_are_read() -> None:

@@ -1,13 +1,17 @@
 """``dsbuild train`` for real: the demo job on one process (and resumed), a LoRA ZeRO-3 job on two processes,
-two nodes on one machine, and a failing rank. DeepSpeed on CPU, tiny models built from their configs."""
+two nodes on one machine (by flags, and as a Slurm job), and a failing rank. DeepSpeed on CPU, tiny models built
+from their configs."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,14 +26,58 @@ ROOT = Path(__file__).resolve().parents[2]
 LORA_JOB = ROOT / "examples" / "job_lora_zero3.toml"
 
 
+def fresh_env(**values: str) -> dict[str, str]:
+    """This environment on DeepSpeed's CPU accelerator, outside any launcher's or Slurm job's, plus ``values``."""
+    launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    env = {k: v for k, v in os.environ.items() if k not in launcher and not k.startswith("SLURM_")}
+    return {**env, "DS_ACCELERATOR": "cpu", **values}
+
+
 def dsbuild(*argv: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess[str]:
     """``dsbuild ARGV`` in a fresh process, outside any launcher's environment."""
-    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
     return subprocess.run(
-        [sys.executable, "-m", "dsbuild", *argv], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout
+        [sys.executable, "-m", "dsbuild", *argv],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=fresh_env(),
+        timeout=timeout,
     )
+
+
+def train_on_two_nodes(
+    cwd: Path, argv: list[str], node: Callable[[int], tuple[list[str], dict[str, str]]], timeout: float = 600
+) -> list[tuple[str, str]]:
+    """``dsbuild train ARGV`` started at once as node 0 and node 1 of one run, each with the arguments and
+    environment ``node(rank)`` gives; both must succeed. Their stdout and stderr; when one fails, the other is
+    stopped rather than left waiting for it."""
+    launches = []
+    for rank in (0, 1):
+        args, env = node(rank)
+        with (cwd / f"node{rank}.out").open("w") as stdout, (cwd / f"node{rank}.err").open("w") as stderr:
+            launches.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "dsbuild", "train", *args, *argv],
+                    cwd=cwd,
+                    env=fresh_env(**env),
+                    stdout=stdout,
+                    stderr=stderr,
+                    start_new_session=True,  # its torchrun and ranks can be stopped with it
+                )
+            )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(p.poll() is None for p in launches):
+        if any(p.returncode for p in launches):
+            break
+        time.sleep(0.5)
+    for p in launches:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    results = [((cwd / f"node{r}.out").read_text(), (cwd / f"node{r}.err").read_text()) for r in (0, 1)]
+    for rank, p, (stdout, stderr) in zip((0, 1), launches, results, strict=True):
+        assert p.returncode == 0, f"node {rank}:\n{stdout[-2000:]}{stderr[-4000:]}"
+    return results
 
 
 def ok(done: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
@@ -117,40 +165,39 @@ def test_two_nodes_on_one_machine(tmp_path: Path) -> None:
     out = tmp_path / "nodes"
     port = str(free_port())
     argv = sets(max_steps=4, save_steps=2, output_dir=str(out))
-    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
-    launches = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "dsbuild",
-                "train",
-                "--nnodes",
-                "2",
-                "--node-rank",
-                str(rank),
-                "--master-addr",
-                "127.0.0.1",
-                "--master-port",
-                port,
-                *argv,
-            ],
-            cwd=tmp_path,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in (0, 1)
-    ]
-    results = [p.communicate(timeout=600) for p in launches]
-    for p, (stdout, stderr) in zip(launches, results, strict=True):
-        assert p.returncode == 0, stdout[-2000:] + stderr[-4000:]
+    flags = ["--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", port]
+    results = train_on_two_nodes(tmp_path, argv, lambda rank: ([*flags, "--node-rank", str(rank)], {}))
     assert results[1][0].splitlines()[-1] == f"node 1: done; node 0 has the outputs in {out}"
     assert results[0][0].splitlines()[-4] == f"checkpoints  {out}/checkpoints  (latest: global_step4)"
     assert json.loads((out / "ds_config.json").read_text())["train_batch_size"] == 16 * 2
     assert (out / "checkpoints" / "global_step4" / "dsbuild_rank1.json").is_file()  # rank 1 lives on node 1
     assert [h["step"] for h in train_records(read_history(out / "history.jsonl"))] == [1, 2, 3, 4]
+
+
+@pytest.mark.slow
+def test_two_nodes_of_a_slurm_job(tmp_path: Path) -> None:
+    """The same two launches with no node flags, inside a simulated Slurm job of two nodes (what `srun` sets for
+    one task per node): each takes the node count, its rank and node 0, the first host of the list, from Slurm."""
+    out = tmp_path / "slurm"
+    port = str(free_port())  # through MASTER_PORT: the job's own port (from SLURM_JOB_ID) may be taken here
+    hosts = "127.0.0.[1-2]"  # node 0 is 127.0.0.1, and both "nodes" are this machine
+
+    def task(rank: int) -> tuple[list[str], dict[str, str]]:
+        slurm = {"SLURM_JOB_ID": "1", "SLURM_NNODES": "2", "SLURM_NODEID": str(rank), "SLURM_JOB_NODELIST": hosts}
+        step = {"SLURM_STEP_NODELIST": hosts, "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NUM_TASKS": "2"}
+        return [], {**slurm, **step, "SLURM_PROCID": str(rank), "SLURM_LOCALID": "0", "MASTER_PORT": port}
+
+    results = train_on_two_nodes(tmp_path, sets(max_steps=2, save_steps=2, output_dir=str(out)), task)
+    for rank, (_, stderr) in enumerate(results):
+        assert (
+            f"dsbuild: 2 nodes from Slurm (SLURM_STEP_NODELIST 127.0.0.[1-2]), node rank {rank}, "
+            f"master 127.0.0.1:{port}; port from MASTER_PORT"
+        ) in stderr.splitlines()
+        assert not [line for line in stderr.splitlines() if line.startswith("dsbuild: warning:") and "Slurm" in line]
+    assert results[1][0].splitlines()[-1] == f"node 1: done; node 0 has the outputs in {out}"
+    assert json.loads((out / "ds_config.json").read_text())["train_batch_size"] == 16 * 2
+    assert (out / "checkpoints" / "global_step2" / "dsbuild_rank1.json").is_file()  # rank 1 lives on node 1
+    assert [h["step"] for h in train_records(read_history(out / "history.jsonl"))] == [1, 2]
 
 
 @pytest.mark.slow

@@ -32,6 +32,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "dsbuild.manifest",
         "dsbuild.history",
         "dsbuild.build_locks",
+        "dsbuild.slurm",
+        "dsbuild.docstrings",
     ),
     # 1: the typed model and the builder (data only)
     ("dsbuild.config",),
@@ -41,14 +43,14 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("dsbuild.presets", "dsbuild.io"),
     # 4: the HF fill table, the batch triangle, the training arguments
     ("dsbuild.hf_table", "dsbuild.batch", "dsbuild.training"),
-    # 5: resolution and validation
+    # 5: resolution, validation and the JSON schema
     ("dsbuild.resolve", "dsbuild.explain", "dsbuild.validate", "dsbuild.schema"),
     # 6: the Config façade
     ("dsbuild.api",),
     # 7: jobs, the hand-offs, the planner (its recommendation is a Config, so it sits above the façade)
     ("dsbuild.job", "dsbuild.interop", "dsbuild.planner"),
-    # 8: what imports torch & co. (lazily): the Session, data, doctor
-    ("dsbuild.session", "dsbuild.data", "dsbuild.doctor"),
+    # 8: what imports torch & co. (lazily): the Session, data, the job's model, doctor, DeepSpeed's verdict
+    ("dsbuild.session", "dsbuild.data", "dsbuild.model", "dsbuild.doctor", "dsbuild.deepspeed_verdict"),
     # 9: the training run and process launch (no printing)
     ("dsbuild.run", "dsbuild.plot", "dsbuild.launch", "dsbuild.output_dir", "dsbuild.demo"),
     # 10: the command line and the package itself

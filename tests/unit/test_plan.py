@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -13,14 +14,22 @@ import pytest
 
 from dsbuild import Config, InvalidValueError
 from dsbuild.planner import (
+    DEFAULT_HEADROOM,
     SPEED_ORDER,
+    Activations,
+    Headroom,
     ModelSize,
     Plan,
+    Row,
+    Shape,
+    activations,
     count_params,
     estimate_activation_bytes,
     format_plan_table,
+    layer_activation_bytes,
     model_state_bytes,
     parse_count,
+    parse_headroom,
     parse_size,
     plan,
     plan_to_json,
@@ -37,24 +46,30 @@ GiB = 2**30
     ("text", "expected"),
     [
         ("80GiB", 80 * GiB),
-        ("80GB", 80 * GiB),
+        ("80Gi", 80 * GiB),
         ("80 GiB", 80 * GiB),
-        ("24g", 24 * GiB),
+        ("81920MiB", 80 * GiB),
         ("512MiB", 512 * 2**20),
-        ("512MB", 512 * 2**20),
         ("1.5TiB", 3 * 2**39),
-        ("2T", 2 * 2**40),
-        ("1K", 1024),
+        ("1KiB", 1024),
         ("0.5GiB", GiB // 2),
-        ("1073741824", GiB),
+        ("80GB", 80 * 10**9),
+        ("80G", 80 * 10**9),
+        ("24g", 24 * 10**9),
+        ("512MB", 512 * 10**6),
+        ("2T", 2 * 10**12),
+        ("1K", 1000),
+        ("1kB", 1000),
         ("1073741824B", GiB),
-        ("1e3", 1000),
+        ("1e3B", 1000),
+        ("0", 0),
+        ("0B", 0),
         (4096, 4096),
         (1.5 * GiB, 3 * GiB // 2),
     ],
 )
-def test_parse_size_reads_binary_units_and_plain_bytes(text: Any, expected: int) -> None:
-    """Sizes are binary (GB = GiB, as GPU memory is sized); a bare number is bytes."""
+def test_parse_size_tells_gb_from_gib(text: Any, expected: int) -> None:
+    """GiB/MiB (or Gi/Mi) are binary, GB/MB (or G/M) decimal; B is bytes, and so is a Python number."""
     assert parse_size(text) == expected
 
 
@@ -63,9 +78,56 @@ def test_parse_size_rejects_what_is_not_a_size(text: Any) -> None:
     """A bad size fails naming the argument and an example of what is expected."""
     with pytest.raises(InvalidValueError) as info:
         parse_size(text, "gpu_memory")
-    assert (
-        str(info.value) == f"gpu_memory: got {text!r}, expected a size such as '80GiB', '512MiB' or a number of bytes"
+    assert str(info.value) == f"gpu_memory: got {text!r}, expected a size such as '80GiB', '80GB', '512MiB' or '1024B'"
+
+
+@pytest.mark.parametrize("text", ["24", "1073741824", "1e3", " 80 "])
+def test_parse_size_refuses_a_number_without_its_unit(text: str) -> None:
+    """'24' could be bytes or GiB: the error offers both spellings (and B), never guesses."""
+    number = text.strip()
+    with pytest.raises(InvalidValueError) as info:
+        parse_size(text, "gpu_memory")
+    assert str(info.value) == (
+        f"gpu_memory: got {text!r}, expected a unit: '{number}GiB' (2**30 bytes), '{number}GB' (10**9) or '{number}B'"
     )
+
+
+@pytest.mark.parametrize("text", ["1e400GiB", "1e99999999999999999999B", "2EiB", 2**61, 1e300])
+def test_parse_size_bounds_what_it_takes(text: Any) -> None:
+    """Past 1 EiB a size is a typo: an error naming the bound, never an OverflowError."""
+    with pytest.raises(InvalidValueError, match=r"^gpu_memory: got .*, expected (a size up to 1 EiB|a size such as)"):
+        parse_size(text, "gpu_memory")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("2GiB+10%", (2 * GiB, 10.0)),
+        ("2GiB + 10%", (2 * GiB, 10.0)),
+        ("10%+2GiB", (2 * GiB, 10.0)),
+        ("3GiB", (3 * GiB, 0.0)),
+        ("12.5%", (0, 12.5)),
+        ("0", (0, 0.0)),
+        ("0%", (0, 0.0)),
+        (GiB, (GiB, 0.0)),
+    ],
+)
+def test_parse_headroom_reads_a_size_a_percent_or_both(text: Any, expected: tuple[int, float]) -> None:
+    """The headroom is bytes, a percent of the GPU, or their sum; a Python number is bytes."""
+    assert parse_headroom(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "2GiB+3GiB", "10%+5%", "2", "-1%", "2GiB+", "ten%"])
+def test_parse_headroom_rejects_what_is_not_a_headroom(text: str) -> None:
+    """A bad headroom fails naming what is expected."""
+    with pytest.raises(InvalidValueError) as info:
+        parse_headroom(text)
+    assert str(info.value) == (
+        f"headroom: got {text!r}, expected a size with its unit, a percent of the GPU or both, "
+        "such as '2GiB', '10%' or '2GiB+10%'"
+    )
+    with pytest.raises(InvalidValueError, match=r"^headroom: got '100%', expected a percent of the GPU below 100%$"):
+        parse_headroom("100%")
 
 
 @pytest.mark.parametrize(
@@ -96,6 +158,22 @@ def test_parse_count_rejects_what_is_not_a_count(text: Any) -> None:
     with pytest.raises(InvalidValueError) as info:
         parse_count(text)
     assert str(info.value) == f"params: got {text!r}, expected a count such as '7B', '1.5B', '350M' or a number"
+
+
+@pytest.mark.parametrize("text", ["1e400", "1001T", "1e999999999", "1e" + "9" * 5000, 1e300, 10**400])
+def test_parse_count_refuses_counts_past_1e15(text: Any) -> None:
+    """A count past 1e15 is a typo that would overflow float arithmetic later: refused, naming the argument."""
+    with pytest.raises(InvalidValueError) as info:
+        parse_count(text)
+    assert str(info.value) == f"params: got {text!r}, expected a count up to 1e15"
+
+
+@pytest.mark.parametrize("text", ["1e400GiB", "2000000TiB", "1e" + "9" * 5000 + "GiB", 1e300, 10**400])
+def test_parse_size_refuses_sizes_past_1_eib(text: Any) -> None:
+    """A size past 1 EiB is a typo that would overflow float arithmetic later: refused, naming the argument."""
+    with pytest.raises(InvalidValueError) as info:
+        parse_size(text, "gpu_memory")
+    assert str(info.value) == f"gpu_memory: got {text!r}, expected a size up to 1 EiB"
 
 
 # -- counting parameters ------------------------------------------------------------
@@ -162,6 +240,22 @@ def test_analytic_count_matches_the_real_model(configs_and_counts: list[tuple[An
         assert size.source == f"{config.model_type} config, counted analytically"
 
 
+def test_shape_comes_with_the_count(configs_and_counts: list[tuple[Any, tuple[int, int]]], tmp_path: Path) -> None:
+    """Hidden size, layers, heads and vocabulary come from the config: analytic, on the meta device, or a model's."""
+    import transformers
+
+    for config, _counts in configs_and_counts:
+        expected = Shape(config.hidden_size, config.num_hidden_layers, config.num_attention_heads, config.vocab_size)
+        assert count_params(config).shape == expected, config.model_type
+        assert count_params(config.to_dict()).shape == expected, config.model_type
+    opt = transformers.OPTConfig(
+        vocab_size=211, hidden_size=64, ffn_dim=96, num_hidden_layers=2, num_attention_heads=4, word_embed_proj_dim=64
+    )
+    assert count_params(opt).shape == Shape(64, 2, 4, 211)
+    model = transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(**SMALL))
+    assert count_params(model).shape == Shape(64, 2, 4, 211)
+
+
 def test_analytic_count_from_a_dict_a_json_file_and_a_directory(
     configs_and_counts: list[tuple[Any, tuple[int, int]]], tmp_path: Path
 ) -> None:
@@ -186,7 +280,9 @@ def test_llama_2_7b_counts_its_published_size() -> None:
             "num_attention_heads": 32,
         }
     )
-    assert size == ModelSize(6_738_415_616, 32000 * 4096, "llama config, counted analytically")
+    assert size == ModelSize(
+        6_738_415_616, 32000 * 4096, "llama config, counted analytically", Shape(4096, 32, 32, 32000)
+    )
 
 
 def test_defaults_for_omitted_keys_are_transformers_class_defaults() -> None:
@@ -241,8 +337,8 @@ def test_model_object_counts_shared_weights_once() -> None:
     assert size.source == "model object"
 
 
-def test_count_errors_name_the_key() -> None:
-    """A config missing a size, a missing file and an unknown object each fail with the reason."""
+def test_count_errors_name_the_key(tmp_path: Path) -> None:
+    """A config missing a size, a missing file, an unknown object and an unreadable file each fail with the reason."""
     with pytest.raises(InvalidValueError, match=r"^model.hidden_size: missing from the llama config$"):
         count_params({"model_type": "llama", "vocab_size": 10})
     with pytest.raises(InvalidValueError, match=r"^model.vocab_size: got '10', expected a non-negative integer"):
@@ -254,6 +350,10 @@ def test_count_errors_name_the_key() -> None:
         count_params(Path("/nowhere"))
     with pytest.raises(InvalidValueError, match=r"^model: got int, expected an HF config"):
         count_params(3)
+    deep = tmp_path / "config.json"
+    deep.write_text("[" * 100_000)
+    with pytest.raises(InvalidValueError, match=r"^model: cannot read '.*config.json': nested deeper than 64 levels$"):
+        count_params(deep)
     with pytest.raises(InvalidValueError, match=r"^model.model_type: got 'nosuchthing', unknown to transformers \d"):
         count_params({"model_type": "nosuchthing", "hidden_size": 3})
 
@@ -319,14 +419,14 @@ def test_no_such_row_is_refused() -> None:
 
 
 def test_fits_is_both_budgets() -> None:
-    """A row fits when its GPU need is within gpu_memory and its CPU need within cpu_memory; no budget always fits."""
+    """A row fits when its GPU total is within gpu_memory and its CPU need within cpu_memory; no budget always fits."""
     p = plan(params="3B", largest_layer_params="100M", gpus_per_node=4, gpu_memory="16GiB", cpu_memory="128GiB")
     for r in p.rows:
-        assert r.fits == (r.gpu_bytes_per_device <= 16 * GiB and r.cpu_bytes_per_node <= 128 * GiB)
+        assert r.fits == (r.gpu_total_bytes <= 16 * GiB and r.cpu_bytes_per_node <= 128 * GiB)
     assert {r.fits for r in p.rows} == {True, False}
     assert all(r.fits for r in plan(params="3B").rows)
     only_gpu = plan(params="3B", gpu_memory="16GiB")
-    assert all(r.fits == (r.gpu_bytes_per_device <= 16 * GiB) for r in only_gpu.rows)
+    assert all(r.fits == (r.gpu_total_bytes <= 16 * GiB) for r in only_gpu.rows)
 
 
 # -- the pick -------------------------------------------------------------------------
@@ -355,11 +455,14 @@ def test_no_budget_recommends_plain_data_parallel() -> None:
     """With nothing to fit, the fastest row, ZeRO-0, is the pick."""
     p = plan(params="125M")
     assert p.recommended == Config.zero(0)
-    assert p.reason == "ZeRO-0 is the fastest choice; it needs 0.70 GiB CPU memory per node"
+    assert p.reason == (
+        "ZeRO-0 is the fastest choice; it needs 0.70 GiB CPU memory per node; "
+        "activations not counted (give the model's config)"
+    )
 
 
 def test_7b_on_eight_24gib_gpus() -> None:
-    """7B on 8 x 24 GiB: ZeRO-2 needs 27.7 GiB, so ZeRO-2 with the optimizer on CPU; with 128 GiB CPU, ZeRO-3."""
+    """7B on 8 x 24 GiB (19.6 usable): ZeRO-2 needs 27.7 GiB, so ZeRO-2 with optimizer offload; with 128 GiB CPU, ZeRO-3."""
     p = plan(params=7e9, gpus_per_node=8, gpu_memory=24 * GiB)
     assert p.row(2).gpu_bytes_per_device == 2 * 7 * 10**9 + 18 * 7 * 10**9 // 8
     assert p.recommended_row is p.row(2, "cpu")
@@ -369,8 +472,9 @@ def test_7b_on_eight_24gib_gpus() -> None:
         "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": True}}
     }
     assert p.reason == (
-        "ZeRO-2, optimizer on CPU is the fastest choice that fits in 24.00 GiB per GPU; "
-        "it needs 312.92 GiB CPU memory per node"
+        "ZeRO-2, optimizer on CPU is the fastest choice that fits in 19.60 GiB usable per GPU "
+        "(24.00 GiB less 4.40 GiB headroom); it needs 312.92 GiB CPU memory per node; "
+        "activations not counted (give the model's config)"
     )
     with_cpu = plan(params=7e9, gpus_per_node=8, gpu_memory="24GiB", cpu_memory="128GiB")
     assert with_cpu.recommended == Config.zero(3).zero_options(stage3_gather_16bit_weights_on_model_save=True)
@@ -394,11 +498,18 @@ def test_every_row_config_validates_without_errors() -> None:
 
 def test_nothing_fits_the_gpu() -> None:
     """Too little GPU memory: no config, and the reason gives the smallest need and its row."""
-    p = plan(params="70B", largest_layer_params="1B", gpus_per_node=8, gpu_memory="2GiB")
+    p = plan(params="70B", largest_layer_params="1B", gpus_per_node=8, gpu_memory="4GiB")
     assert p.recommended is None and p.recommended_row is None
     assert p.reason == (
-        "nothing fits in 2.00 GiB per GPU: the smallest need is 3.73 GiB (ZeRO-3, optimizer on NVMe, parameters on NVMe); "
-        "add GPUs or nodes, or split the model (tensor/pipeline parallel)"
+        "nothing fits in 1.60 GiB usable per GPU (4.00 GiB less 2.40 GiB headroom): the smallest need is 3.73 GiB "
+        "(ZeRO-3, optimizer on NVMe, parameters on NVMe); add GPUs or nodes, or split the model "
+        "(tensor/pipeline parallel); activations not counted (give the model's config)"
+    )
+    eaten = plan(params="70B", gpu_memory="2GiB")
+    assert eaten.usable_gpu_memory == 0
+    assert (
+        eaten.reason
+        == "nothing fits: the headroom, 2.20 GiB, takes all of the 2.00 GiB per GPU; give a smaller headroom"
     )
 
 
@@ -407,9 +518,10 @@ def test_nothing_fits_the_cpu() -> None:
     p = plan(params="70B", largest_layer_params="1B", gpus_per_node=8, gpu_memory="16GiB", cpu_memory="32GiB")
     assert p.recommended is None
     assert p.reason.startswith(
-        "nothing fits in 32.00 GiB CPU memory per node: of the choices that fit 16.00 GiB per GPU,"
+        "nothing fits in 32.00 GiB CPU memory per node: of the choices that fit 12.40 GiB usable per GPU "
+        "(16.00 GiB less 3.60 GiB headroom),"
     )
-    assert p.reason.endswith("add CPU memory or nodes")
+    assert p.reason.endswith("add CPU memory or nodes; activations not counted (give the model's config)")
 
 
 def test_largest_layer_comes_from_the_model_or_a_note() -> None:
@@ -427,18 +539,23 @@ def test_largest_layer_comes_from_the_model_or_a_note() -> None:
 def test_bad_arguments_are_reported_together() -> None:
     """Every bad argument of plan() is listed in one error."""
     with pytest.raises(InvalidValueError) as info:
-        plan(gpus_per_node=0, nodes=True)
+        plan(gpus_per_node=0, nodes=True, seq_len=10**16, micro_batch=0, gradient_checkpointing=1)  # type: ignore[arg-type]
     assert str(info.value) == (
-        "3 problems:\n"
-        "  gpus_per_node: got 0, expected a positive integer\n"
-        "  nodes: got True, expected a positive integer\n"
+        "6 problems:\n"
+        "  gpus_per_node: got 0, expected a positive integer up to 1e15\n"
+        "  nodes: got True, expected a positive integer up to 1e15\n"
+        "  seq_len: got 10000000000000000, expected a positive integer up to 1e15\n"
+        "  micro_batch: got 0, expected a positive integer up to 1e15\n"
+        "  gradient_checkpointing: got 1, expected True or False\n"
         "  params: missing (give params (e.g. '7B') or model (an HF config or a model))"
     )
+    with pytest.raises(InvalidValueError, match=r"^headroom: got '5', expected a size with its unit"):
+        plan(params="7B", headroom="5")
     with pytest.raises(InvalidValueError, match=r"^gpu_memory: got '24 gigs'"):
         plan(params="7B", gpu_memory="24 gigs")
 
 
-# -- activations (approximate) ------------------------------------------------------------
+# -- activations ------------------------------------------------------------------------
 
 
 def test_activation_estimate_follows_korthikanti() -> None:
@@ -456,6 +573,150 @@ def test_activation_estimate_follows_korthikanti() -> None:
     )
 
 
+def test_activations_of_a_hand_computed_case() -> None:
+    """s=4, b=2, h=8, a=2, 3 layers, V=10, worked by hand: s·b·h = 64, 5·a·s/h = 5, so 64 × 39 = 2496 per layer."""
+    assert layer_activation_bytes(2, 4, 8, 2) == 2496
+    assert layer_activation_bytes(2, 4, 8, None) == 34 * 64
+    assert activations(2, 4, 8, 3, num_heads=2, vocab_size=10) == Activations(0, 3 * 2496, 320)
+    # full recomputation: 3 layer inputs of 2·64 bytes, one layer rebuilt at a time
+    checkpointed = activations(2, 4, 8, 3, num_heads=2, checkpointing=True, vocab_size=10)
+    assert checkpointed == Activations(384, 2496, 320)
+    assert checkpointed.total == 3200
+
+
+def test_activations_of_the_papers_gpt3_and_mt_nlg_without_tensor_parallelism() -> None:
+    """Korthikanti et al.'s GPT-3 175B and MT-NLG 530B at t=1: eq. 1, and its tensor-parallel form at t=1."""
+    s, b = 2048, 1
+    # GPT-3 175B: a=96, h=12288, 96 layers; 5·a·s/h = 80
+    a, h, layers = 96, 12288, 96
+    sbh = s * b * h
+    assert 5 * a * s / h == 80
+    per_layer = layer_activation_bytes(b, s, h, a)
+    assert per_layer == sbh * (34 + 80) == 2_868_903_936
+    t = 1  # the paper's tensor-parallel baseline, s·b·h·(10 + 24/t + 5·a·s/(h·t)), is eq. 1 at t=1
+    assert per_layer == sbh * (10 + 24 // t) + 5 * a * s * s * b // t
+    # what selective recomputation (the attention scores only) saves: 80/114, 70% for GPT-3
+    assert round(1 - layer_activation_bytes(b, s, h, None) / per_layer, 2) == 0.70
+    assert estimate_activation_bytes(b, s, h, layers, num_heads=a) == 96 * 2_868_903_936
+    # full recomputation keeps 2·s·b·h per layer, plus the one layer being rebuilt
+    assert estimate_activation_bytes(b, s, h, layers, num_heads=a, checkpointing=True) == 2 * sbh * 96 + per_layer
+    # MT-NLG 530B: a=128, h=20480; 5·a·s/h = 64, so selective recomputation saves 64/98, 65%
+    a, h = 128, 20480
+    assert layer_activation_bytes(b, s, h, a) == s * b * h * (34 + 64) == 4_110_417_920
+    assert round(1 - layer_activation_bytes(b, s, h, None) / layer_activation_bytes(b, s, h, a), 2) == 0.65
+
+
+LLAMA_3_70B = {
+    "model_type": "llama",
+    "hidden_size": 8192,
+    "intermediate_size": 28672,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "tie_word_embeddings": False,
+}
+
+
+def test_plan_counts_activations_from_the_model_shape() -> None:
+    """A plan's activations are Korthikanti's for the model's shape and the seq/micro-batch/checkpointing given."""
+    p = plan(model=LLAMA_3_70B, gpu_memory="80GiB")
+    assert (p.seq_len, p.micro_batch, p.gradient_checkpointing, p.flash_attention) == (2048, 1, True, False)
+    sbh = 2048 * 8192
+    assert p.activations == Activations(2 * sbh * 80, 34 * sbh + 5 * 64 * 2048**2, 4 * 2048 * 128256)
+    longer = plan(model=LLAMA_3_70B, seq_len=4096, micro_batch=2, gradient_checkpointing=False, flash_attention=True)
+    assert longer.activations == activations(2, 4096, 8192, 80, checkpointing=False, vocab_size=128256)
+    for r in p.rows:
+        assert r.gpu_total_bytes == r.gpu_bytes_per_device + p.activation_bytes + p.headroom_bytes
+    bare = plan(params="70B", gpu_memory="80GiB")
+    assert bare.activations is None and bare.activation_bytes == 0
+    assert bare.notes[0].startswith("activations are NOT counted")
+
+
+def test_headroom_is_2gib_plus_10_percent_unless_told() -> None:
+    """The default headroom is 2 GiB + 10% of the GPU; a size, a percent or both replace it; without a GPU, the size."""
+    assert DEFAULT_HEADROOM == Headroom(2 * GiB, 10.0)
+    assert plan(params="7B", gpu_memory="80GiB").headroom_bytes == 10 * GiB
+    assert plan(params="7B", gpu_memory="80GiB").usable_gpu_memory == 70 * GiB
+    assert plan(params="7B").headroom_bytes == 2 * GiB
+    assert plan(params="7B").usable_gpu_memory is None
+    assert plan(params="7B", gpu_memory="80GiB", headroom="4GiB").headroom_bytes == 4 * GiB
+    assert plan(params="7B", gpu_memory="80GiB", headroom="5%").headroom_bytes == 4 * GiB
+    assert plan(params="7B", gpu_memory="80GiB", headroom="1GiB+5%").headroom_bytes == 5 * GiB
+    assert plan(params="7B", gpu_memory="80GiB", headroom="0").headroom_bytes == 0
+
+
+def test_no_recommended_row_exceeds_the_usable_memory() -> None:
+    """Whatever the GPU, cluster, sequence and headroom: the pick's states + activations fit the usable memory."""
+    grid = itertools.product(
+        ("16GiB", "24GB", "40GiB", "80GiB", "141GB"),
+        (1, 8, 64),
+        (512, 8192),
+        (1, 4),
+        (True, False),
+        (None, "0", "1GiB+5%"),
+    )
+    for gpu, gpus, seq, micro, checkpointing, headroom in grid:
+        p = plan(
+            model=LLAMA_3_70B,
+            gpus_per_node=gpus,
+            gpu_memory=gpu,
+            seq_len=seq,
+            micro_batch=micro,
+            gradient_checkpointing=checkpointing,
+            headroom=headroom,
+        )
+        assert p.usable_gpu_memory is not None and p.gpu_memory is not None
+        for r in p.rows:
+            assert r.fits == (r.gpu_bytes_per_device + p.activation_bytes <= p.usable_gpu_memory)
+        if p.recommended_row is not None:
+            chosen = p.recommended_row
+            assert chosen.gpu_bytes_per_device + p.activation_bytes <= p.usable_gpu_memory
+            assert chosen.gpu_total_bytes <= p.gpu_memory
+            assert chosen is next(r for r in p.rows if r.fits)
+
+
+def test_llama_70b_on_two_nodes_of_eight_80gib_gpus_is_not_planned_to_run_out() -> None:
+    """Issue 12: ZeRO-3 was picked at 77.8 of 80 GiB; with activations and headroom it needs 93.1, so offload."""
+    p = plan(model=LLAMA_3_70B, gpus_per_node=8, nodes=2, gpu_memory="80GiB")
+    zero3 = p.row(3)
+    assert round(zero3.gpu_bytes_per_device / GiB, 2) == 77.84
+    assert round(zero3.gpu_total_bytes / GiB, 2) == 93.10 and not zero3.fits
+    assert p.recommended_row is p.row(3, "cpu")
+    assert round(p.recommended_row.gpu_total_bytes / GiB, 2) == 27.39
+    assert p.recommended == Config.zero(3).offload_cpu(optimizer=True, params=False).zero_options(
+        stage3_gather_16bit_weights_on_model_save=True
+    )
+    assert p.reason == (
+        "ZeRO-3, optimizer on CPU is the fastest choice that fits in 70.00 GiB usable per GPU "
+        "(80.00 GiB less 10.00 GiB headroom); it needs 788.50 GiB CPU memory per node"
+    )
+    # with no headroom and no activations (a bare count), the old pick comes back: the figures moved, not the rows
+    old = plan(
+        params=p.params,
+        largest_layer_params=p.largest_layer_params,
+        gpus_per_node=8,
+        nodes=2,
+        gpu_memory="80GiB",
+        headroom="0",
+    )
+    assert old.recommended_row == Row(
+        3, "none", "none", zero3.gpu_bytes_per_device, zero3.gpu_bytes_per_device, zero3.cpu_bytes_per_node, 0, True
+    )
+
+
+def test_a_gpu_memory_in_gb_is_read_as_gb_and_said() -> None:
+    """'80GB' is 80e9 bytes, 74.51 GiB: the plan says so, and that a GPU sold as 80GB holds 80 GiB."""
+    p = plan(params="7B", gpu_memory="80GB")
+    assert p.gpu_memory == 80 * 10**9
+    note = next(n for n in p.notes if n.startswith("gpu_memory"))
+    assert note == (
+        "gpu_memory '80GB' is read as 80,000,000,000 bytes (74.51 GiB): GB are 10**9 bytes. A GPU sold as '80GB' "
+        "has about 80 GiB: nvidia-smi shows MiB (81920MiB on an A100 80GB); give that figure or '80GiB'"
+    )
+    assert not any(n.startswith("gpu_memory") for n in plan(params="7B", gpu_memory="81920MiB").notes)
+
+
 # -- rendering --------------------------------------------------------------------------
 
 
@@ -464,20 +725,40 @@ def test_table_marks_the_pick_and_says_activations_are_left_out() -> None:
     p = plan(params=7e9, gpus_per_node=8, gpu_memory=24 * GiB)
     text = format_plan_table(p)
     lines = text.splitlines()
-    assert lines[0] == "7.00B parameters (given; largest layer unknown), 8 GPUs per node x 1 node"
-    assert lines[1] == "budgets: GPU 24.00 GiB, CPU not given; rows fastest first"
+    assert lines[:4] == [
+        "7.00B parameters (given; largest layer unknown), 8 GPUs per node x 1 node",
+        "GPU 24.00 GiB less headroom 4.40 GiB (2.00 GiB + 10% of the GPU) = 19.60 GiB usable",
+        "activations not counted: the model's shape is unknown (give its config)",
+        "CPU not given; sizes in GiB per GPU (CPU and NVMe per node); rows fastest first",
+    ]
     marked = [line for line in lines if line.startswith("*")]
-    assert marked == ["*  2      cpu        none     13.04 GiB  312.92 GiB           -  yes"]
+    assert marked == ["*  2      cpu        none     13.04             ?       4.40   17.44  312.92       -  yes"]
     assert sum(1 for line in lines if line.endswith((" yes", " no"))) == 14
     assert "recommended (*): ZeRO-2, optimizer on CPU is the fastest choice" in text
-    assert "  - activations are not included" in text
+    assert "  - activations are NOT counted" in text
+
+
+def test_table_shows_states_activations_headroom_and_the_total() -> None:
+    """Each row reads: model states + activations + headroom = GPU total; the assumptions are printed above."""
+    text = format_plan_table(plan(model=LLAMA_3_70B, gpus_per_node=8, nodes=2, gpu_memory="80GiB"))
+    lines = text.splitlines()
+    assert lines[1:5] == [
+        "GPU 80.00 GiB less headroom 10.00 GiB (2.00 GiB + 10% of the GPU) = 70.00 GiB usable",
+        "activations 5.26 GiB = 80 layer inputs 2.50 + one layer recomputed 1.78 + fp32 logits 0.98 (seq 2048",
+        "  x micro-batch 1, gradient checkpointing; hidden 8192, 64 heads, vocab 128256)",
+        "CPU not given; sizes in GiB per GPU (CPU and NVMe per node); rows fastest first",
+    ]
+    header = ["stage", "optimizer", "params", "states", "+activations", "+headroom", "=GPU", "CPU", "NVMe", "fits"]
+    assert lines[6].split() == header
+    assert "   3      none       none      77.84          5.26      10.00    93.10    46.97       -  no" in lines
+    assert "*  3      cpu        none      12.13          5.26      10.00    27.39   788.50       -  yes" in lines
 
 
 def test_table_without_a_pick_says_why() -> None:
     """No '*' row when nothing fits, and the reason instead."""
-    text = format_plan_table(plan(params="70B", largest_layer_params="1B", gpu_memory="2GiB"))
+    text = format_plan_table(plan(params="70B", largest_layer_params="1B", gpu_memory="4GiB"))
     assert not any(line.startswith("*") for line in text.splitlines())
-    assert "no recommendation: nothing fits in 2.00 GiB per GPU" in text
+    assert "no recommendation: nothing fits in 1.60 GiB usable per GPU" in text
 
 
 def test_plan_to_json_is_json() -> None:
@@ -494,13 +775,29 @@ def test_plan_to_json_is_json() -> None:
         "offload_optimizer": "none",
         "offload_param": "none",
         "gpu_bytes_per_device": 140_000_000_000,
+        "gpu_total_bytes": 140_000_000_000 + 2 * GiB + 24 * GiB // 10,
         "cpu_bytes_per_node": 336_000_000_000,
         "nvme_bytes": 0,
         "fits": False,
         "recommended": False,
     }
+    assert (data["headroom_bytes"], data["usable_gpu_memory"]) == (
+        2 * GiB + 24 * GiB // 10,
+        24 * GiB - 2 * GiB - 24 * GiB // 10,
+    )
+    assert (data["seq_len"], data["micro_batch"], data["gradient_checkpointing"], data["flash_attention"]) == (
+        2048,
+        1,
+        True,
+        False,
+    )
+    assert data["shape"] is None and data["activations"] is None
     none = plan_to_json(plan(params="70B", largest_layer_params="1B", gpu_memory="1GiB"))
     assert none["recommended"] is None and none["recommended_row"] is None
+    shaped = plan_to_json(plan(model={"model_type": "llama", **SMALL}))
+    assert shaped["shape"] == {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "vocab_size": 211}
+    acts = shaped["activations"]
+    assert acts["total"] == acts["layer_inputs"] + acts["layers"] + acts["logits"] > 0
 
 
 def test_plan_is_a_frozen_value() -> None:

@@ -738,6 +738,25 @@ def test_explicit_values_are_never_changed() -> None:
     assert out["zero_optimization"] == {"stage": 3, "reduce_bucket_size": 10, "stage3_prefetch_bucket_size": 14}
 
 
+def test_keys_left_for_another_tool_keep_their_auto_and_are_not_checked() -> None:
+    """``leave`` (what Accelerate fills): those "auto" stay, an explicit value there is the tool's business, the batch
+    triangle waits for it; every other "auto" is filled or reported as before."""
+    data = {
+        **AUTO_BATCH,
+        "train_batch_size": "auto",
+        "optimizer": {"type": "AdamW", "params": {"lr": 0.5, "eps": "auto", "weight_decay": "auto"}},
+    }
+    leave = {*AUTO_BATCH, "train_batch_size", "optimizer.params.lr", "optimizer.params.weight_decay"}
+    out = run(data, world_size=8, training=Training(learning_rate=1e-3, adam_epsilon=1e-6), leave=leave)
+    assert {k: out[k] for k in ("train_batch_size", *AUTO_BATCH)} == dict.fromkeys(
+        ("train_batch_size", *AUTO_BATCH), "auto"
+    )
+    assert out["optimizer"]["params"] == {"lr": 0.5, "eps": 1e-6, "weight_decay": "auto"}
+    with pytest.raises(UnresolvedAutoError) as caught:
+        run(data, leave=leave)
+    assert [p.path for p in caught.value.problems] == ["optimizer.params.eps"]
+
+
 def test_resolved_sections_pass_their_validators() -> None:
     """resolve builds sections without re-running validators: every value it writes must fit anyway."""
     resolved = resolve(Config.from_dict(HF_ALL_AUTO), world_size=8, training=TRAINING, hidden_size=64, total_steps=1)

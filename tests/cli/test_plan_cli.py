@@ -1,0 +1,144 @@
+"""``dsbuild plan``: the activations and headroom options, sizes in GB and GiB, and issue 12's 70B example."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dsbuild.cli import main
+
+LLAMA_3_70B = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 8192,
+    "intermediate_size": 28672,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "tie_word_embeddings": False,
+}
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """``main(argv)`` in-process: exit code, stdout, stderr."""
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    return code, out, err
+
+
+@pytest.fixture
+def llama70b(tmp_path: Path) -> Path:
+    """A model directory holding Llama-3-70B's config.json (no weights)."""
+    folder = tmp_path / "llama70b"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(LLAMA_3_70B), encoding="utf-8")
+    return folder
+
+
+def test_the_70b_example_recommends_what_fits_after_activations_and_headroom(
+    capsys: pytest.CaptureFixture[str], llama70b: Path
+) -> None:
+    """Issue 12: `--model llama70b --gpus-per-node 8 --nodes 2 --gpu-memory 80GiB` no longer picks ZeRO-3 at 93 GiB."""
+    code, out, _ = run(
+        capsys, "plan", "--model", str(llama70b), "--gpus-per-node", "8", "--nodes", "2", "--gpu-memory", "80GiB"
+    )
+    assert code == 0
+    lines = out.splitlines()
+    assert "GPU 80.00 GiB less headroom 10.00 GiB (2.00 GiB + 10% of the GPU) = 70.00 GiB usable" in lines[1]
+    assert lines[2].startswith("activations 5.26 GiB = 80 layer inputs 2.50 + one layer recomputed 1.78")
+    assert "seq 2048" in out and "micro-batch 1, gradient checkpointing;" in out
+    assert "   3      none       none      77.84          5.26      10.00    93.10    46.97       -  no" in lines
+    assert [line for line in lines if line.startswith("*")] == [
+        "*  3      cpu        none      12.13          5.26      10.00    27.39   788.50       -  yes"
+    ]
+
+
+def test_the_activation_options_reach_the_plan(capsys: pytest.CaptureFixture[str], llama70b: Path) -> None:
+    """--seq-len, --micro-batch, --no-gradient-checkpointing, --flash-attention and --headroom show in the JSON."""
+    code, out, _ = run(
+        capsys,
+        "plan",
+        "--model",
+        str(llama70b),
+        "--gpus-per-node",
+        "8",
+        "--gpu-memory",
+        "80GiB",
+        "--seq-len",
+        "4096",
+        "--micro-batch",
+        "2",
+        "--no-gradient-checkpointing",
+        "--flash-attention",
+        "--headroom",
+        "3GiB+5%",
+        "--json",
+    )
+    assert code == 0
+    data = json.loads(out)
+    assert (data["seq_len"], data["micro_batch"], data["gradient_checkpointing"], data["flash_attention"]) == (
+        4096,
+        2,
+        False,
+        True,
+    )
+    assert data["headroom"] == {"fixed": 3 * 2**30, "percent": 5.0}
+    assert data["headroom_bytes"] == 3 * 2**30 + 4 * 2**30
+    assert data["activations"]["layer_inputs"] == 0
+    assert data["activations"]["layers"] == 80 * 34 * 4096 * 2 * 8192
+    assert data["recommended"] is None  # 170 GiB of activations fit no 80 GiB GPU
+
+
+def test_sizes_tell_gb_from_gib_and_refuse_a_bare_number(capsys: pytest.CaptureFixture[str]) -> None:
+    """24GB is 24e9 bytes (and said), 24GiB is 24·2**30, '24' alone is refused with both spellings offered."""
+    code, out, _ = run(capsys, "plan", "--params", "7B", "--gpu-memory", "24GB")
+    assert code == 0 and "GPU 22.35 GiB less headroom" in out and "gpu_memory '24GB' is read as" in out
+    code, out, _ = run(capsys, "plan", "--params", "7B", "--gpu-memory", "24GiB")
+    assert code == 0 and "GPU 24.00 GiB less headroom" in out
+    code, _, err = run(capsys, "plan", "--params", "7B", "--gpu-memory", "24")
+    assert code == 2
+    assert (
+        err == "dsbuild: error: gpu_memory: got '24', expected a unit: '24GiB' (2**30 bytes), '24GB' (10**9) or '24B'\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--gpu-memory", "1e400GiB"], "gpu_memory: got '1e400GiB', expected a size up to 1 EiB"),
+        (["--gpu-memory=-80GiB"], "gpu_memory: got '-80GiB', expected a size such as"),
+        (["--headroom", "100%"], "headroom: got '100%', expected a percent of the GPU below 100%"),
+        (["--headroom", "2"], "headroom: got '2', expected a size with its unit, a percent of the GPU or both"),
+    ],
+)
+def test_bad_sizes_exit_2_with_the_reason(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
+    """Out-of-range and unit-less sizes and headrooms are usage errors, never a traceback."""
+    code, _, err = run(capsys, "plan", "--params", "7B", *argv)
+    assert code == 2 and err.startswith(f"dsbuild: error: {message}")
+
+
+@pytest.mark.parametrize("option", ["--seq-len", "--micro-batch"])
+def test_seq_len_and_micro_batch_are_positive(capsys: pytest.CaptureFixture[str], option: str) -> None:
+    """0 tokens or sequences is refused by the option itself."""
+    code, _, err = run(capsys, "plan", "--params", "7B", option, "0")
+    assert code == 2 and f"argument {option}: expected a positive integer, got '0'" in err
+
+
+def test_the_help_states_the_planners_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    """The defaults --help names are plan()'s own (the CLI passes nothing it was not given)."""
+    import inspect
+
+    from dsbuild.planner import DEFAULT_HEADROOM, plan
+
+    defaults = {k: v.default for k, v in inspect.signature(plan).parameters.items()}
+    assert (defaults["seq_len"], defaults["micro_batch"], defaults["gradient_checkpointing"]) == (2048, 1, True)
+    assert DEFAULT_HEADROOM.describe() == "2.00 GiB + 10% of the GPU"
+    code, out, _ = run(capsys, "plan", "--help")
+    assert code == 0
+    text = " ".join(out.split())
+    for default in ("(default: 2048)", "(default: 1)", "(default: on)", "(default: 2GiB+10%)"):
+        assert default in text
