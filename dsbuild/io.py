@@ -62,6 +62,7 @@ __all__ = [
     "read_toml",
     "read_yaml",
     "real_path",
+    "special_file",
     "to_config",
     "write_json",
     "write_toml",
@@ -325,8 +326,21 @@ def _check_regular(mode: int, source: str) -> None:
         return
     if stat.S_ISDIR(mode):
         raise ConfigError("is a directory, expected a file", source=source)
-    what = next((name for test, name in _NOT_REGULAR if test(mode)), "not a regular file")
-    raise ConfigError(f"is {what}, expected a regular file", source=source)
+    raise ConfigError(f"is {_kind(mode)}, expected a regular file", source=source)
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _NOT_REGULAR if test(mode)), "not a regular file")
+
+
+def special_file(path: Path) -> str | None:
+    """What ``path`` is when it is there but neither a regular file nor a directory (``"a named pipe (FIFO)"``,
+    a device, a socket, ``"a symlink loop"``); ``None`` for files, directories and what is not there."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        return "a symlink loop" if e.errno == errno.ELOOP else None
+    return None if stat.S_ISREG(mode) or stat.S_ISDIR(mode) else _kind(mode)
 
 
 def _unreadable(e: OSError, source: str) -> ConfigError:

@@ -15,7 +15,7 @@ from ..config import PASSTHROUGH_KEYS
 from ..config.fields import Spec, check_value, coerce, describe, key_of
 from ..config.walk import leaves
 from ..errors import ConfigError, DsbuildError, Problem
-from ..io import SUFFIXES, merge, read_dict, read_table, real_path, to_config
+from ..io import SUFFIXES, merge, read_dict, read_table, real_path, special_file, to_config
 from ..presets import preset_names, preset_path
 from ..resolve import model_hidden_size
 from ..suggest import did_you_mean
@@ -153,6 +153,10 @@ class JobReader:
     def data_source(self, value: str, path: str, *, what: str) -> Path | str | None:
         """A data file or folder (made absolute), or a hub dataset id (kept); anything else is a problem at ``path``."""
         candidate = real_path(self.base_dir / Path(value).expanduser())
+        special = special_file(candidate)
+        if special is not None:  # reading it would hang (a FIFO) or never end (a device)
+            self.problem(path, f"{str(candidate)!r} is {special}", f"expected {what}: a data file or folder")
+            return None
         if candidate.is_file():
             if candidate.suffix.lower() in DATA_SUFFIXES:
                 return candidate

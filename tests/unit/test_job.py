@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -320,6 +321,21 @@ def test_bad_data_options_each_name_their_key(tmp_path: Path) -> None:
         "data.eval_split: both eval_path and eval_split are set (keep one)",
         f"data.path: no such file: {str(tmp_path / 'data/train.jsonl')!r} (the training records, relative to the job file)",
         f"data.eval_path: no such file: {str(tmp_path / 'x.csv')!r} (the evaluation records, relative to the job file)",
+    ]
+
+
+def test_a_data_path_that_would_hang_or_loop_is_refused_by_name(tmp_path: Path) -> None:
+    """A FIFO (reading it would wait forever) and a symlink loop: one line under data.path, never a read."""
+    path = write_job(tmp_path, MINIMAL)
+    os.mkfifo(tmp_path / "pipe.jsonl")
+    (tmp_path / "a.jsonl").symlink_to(tmp_path / "b.jsonl")
+    (tmp_path / "b.jsonl").symlink_to(tmp_path / "a.jsonl")
+    assert problems(path, **{"data.path": "pipe.jsonl"}) == [
+        f"data.path: {str(tmp_path / 'pipe.jsonl')!r} is a named pipe (FIFO) "
+        "(expected the training records: a data file or folder)"
+    ]
+    assert problems(path, **{"data.path": "a.jsonl"}) == [
+        f"data.path: {str(tmp_path / 'a.jsonl')!r} is a symlink loop (expected the training records: a data file or folder)"
     ]
 
 
