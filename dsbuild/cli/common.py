@@ -118,6 +118,7 @@ def diagnose_job(
         )
     else:  # before launch the hub is not reached: a hub id must be in the local cache
         found += [Diagnostic(p.path, "error", p.message, p.hint) for p in model_problems(job.model, hub=False)]
+    found += data_problems(job)
     if deepspeed:
         world = world_size or job.launch.world_size
         try:
@@ -130,6 +131,23 @@ def diagnose_job(
         else:
             found += deepspeed_verdict(config.to_dict(), world)
     return found
+
+
+def data_problems(job: Job) -> list[Diagnostic]:
+    """Every record of a job's local data checked as ``dsbuild train`` checks it before launch (a hub dataset is
+    not fetched); each bad record an error naming its file and line."""
+    if missing("datasets"):
+        return [Diagnostic("data", "warning", "not checked: datasets is not installed", "pip install 'dsbuild[train]'")]
+    if not isinstance(job.data.path, Path):
+        return []
+    from ..data import check
+
+    try:
+        check(job.data)
+    except ConfigError as e:
+        where = f"{e.source}: " if e.source else ""
+        return [Diagnostic(p.path or "data.path", "error", where + p.message, p.hint) for p in e.problems]
+    return []
 
 
 def as_diagnostics(e: ConfigError) -> list[Diagnostic]:

@@ -1,6 +1,6 @@
 """``dsbuild validate JOB`` checks what would otherwise fail at launch: ``[model.config]`` against the transformers
 config class (names and types), ``name_or_path`` / ``tokenizer`` (a directory, or a hub id in the local cache),
-and ``device_mapping`` (bounded before any list is made)."""
+``device_mapping`` (bounded before any list is made) and every record of the job's data."""
 
 from __future__ import annotations
 
@@ -39,8 +39,10 @@ num_hidden_layers = 2
 """
 
 
-def validate(capsys: pytest.CaptureFixture[str], tmp_path: Path, model: str) -> tuple[int, str]:
-    (tmp_path / "train.jsonl").write_text('{"text": "hello"}\n', encoding="utf-8")
+def validate(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, model: str, data: str = '{"text": "hello"}\n'
+) -> tuple[int, str]:
+    (tmp_path / "train.jsonl").write_text(data, encoding="utf-8")
     job = tmp_path / "job.toml"
     job.write_text(JOB.format(model=model), encoding="utf-8")
     code = main(["validate", str(job)])
@@ -89,6 +91,18 @@ def test_a_local_model_directory_passes(capsys: pytest.CaptureFixture[str], tmp_
     (tmp_path / "model").mkdir()
     code, out = validate(capsys, tmp_path, 'name_or_path = "model"')
     assert code == 0, out
+
+
+def test_bad_data_records_are_named_by_validate_as_train_would(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """validate reads the job's data as train does before launch: each bad record named by file and line."""
+    pytest.importorskip("datasets")
+    code, out = validate(capsys, tmp_path, CONFIG, data='{"text": "a"}\n{"txt": "b"}\n{"text": 3}\n')
+    data = tmp_path / "train.jsonl"
+    assert code == 1
+    assert f"data.path: {data}: line 2: field 'text': expected a string, it is missing" in out
+    assert f"data.path: {data}: line 3: field 'text': expected a string, got int" in out
 
 
 @pytest.mark.parametrize("text", ["0-99999999999", "list(range(0,100000000))", "0-1," + "9" * 5000])
