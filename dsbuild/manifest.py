@@ -117,7 +117,11 @@ class RunFacts:
 
 
 _WHAT_TO_DO: Final = {
-    "world_size": "run with the same number of processes (--nproc-per-node / --nnodes)",
+    "world_size": (
+        "run with the same number of processes (--nproc-per-node / --nnodes); dsbuild does not yet resume at "
+        "another world size (DeepSpeed's `python -m deepspeed.checkpoint.ds_to_universal` converts the "
+        "checkpoint, and `checkpoint.load_universal` loads it, in your own loop)"
+    ),
     "zero_stage": "use the checkpoint's ZeRO stage (DeepSpeed cannot load its states at another)",
     "micro_batch": "use the same per_device_train_batch_size (the saved data position counts micro-batches)",
     "gradient_accumulation": "use the same gradient_accumulation_steps (the saved position counts micro-batches)",
