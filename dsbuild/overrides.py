@@ -38,7 +38,7 @@ def parse_set(text: str) -> tuple[str, Any]:
                 f"--set {key}={shown!r}: not a TOML value ({e}); quote a string: {key}='\"...\"'"
             ) from None
         value = raw
-    except RecursionError:  # [[[[...: deeper than the parser's stack (files refuse far less: io.MAX_DEPTH)
+    except RecursionError:  # [[[[...: deeper than the parser's stack (files refuse far less: files.MAX_DEPTH)
         raise ConfigError(f"--set {key}=...: the value is nested too deep to read") from None
     except ValueError as e:  # a number of more digits than Python converts
         raise ConfigError(f"--set {key}=...: {str(e).split(';')[0]}") from None

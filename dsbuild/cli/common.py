@@ -17,8 +17,9 @@ from ..config.walk import leaves
 from ..deepspeed_verdict import deepspeed_verdict
 from ..errors import ConfigError, DsbuildError
 from ..extras import missing
+from ..files import read_text
 from ..interop import for_accelerate
-from ..io import SUFFIXES, parser_for, read_dict, read_table, read_text, to_config
+from ..io import SUFFIXES, parser_for, read_dict, read_table, to_config
 from ..job import Job, looks_like_job, read_job_dict
 from ..model import model_problems
 from ..overrides import parse_set, set_dotted

@@ -21,7 +21,7 @@ from typing import Any, Final
 import attrs
 
 from ..errors import ConfigError, Problem
-from ..io import check_json_depth
+from ..files import check_json_depth
 from ..job.formats import FORMATS, ROLES, SHAREGPT_ROLES, TEMPLATES, TRAINED_ROLE
 
 __all__ = [

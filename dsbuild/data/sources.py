@@ -17,7 +17,7 @@ from typing import Any, Final
 import attrs
 
 from ..errors import ConfigError, Problem
-from ..io import check_json_depth
+from ..files import check_json_depth
 from ..job.formats import DATA_SUFFIXES
 from .records import Checker, iter_records, json_lines_where
 

@@ -11,7 +11,7 @@ import attrs
 
 from ..api import Config
 from ..errors import ConfigError, Problem
-from ..io import count_records
+from ..files import count_records
 from ..overrides import set_dotted
 from ..training import Training
 from ..validate import Diagnostic, validate

@@ -15,7 +15,8 @@ from ..config import PASSTHROUGH_KEYS
 from ..config.fields import Spec, check_value, coerce, describe, key_of
 from ..config.walk import leaves
 from ..errors import ConfigError, DsbuildError, Problem
-from ..io import SUFFIXES, merge, read_dict, read_table, real_path, special_file, to_config
+from ..files import real_path, special_file
+from ..io import SUFFIXES, merge, read_dict, read_table, to_config
 from ..presets import preset_names, preset_path
 from ..resolve import model_hidden_size
 from ..suggest import did_you_mean

@@ -17,7 +17,7 @@ import pytest
 
 from dsbuild import ConfigError
 from dsbuild.data import IGNORE_INDEX, check, load, pack, prompt_of, read_records, tokenize
-from dsbuild.io import count_records
+from dsbuild.files import count_records
 from dsbuild.job import DataSpec
 from dsbuild.job.formats import FALLBACK_CHAT_TEMPLATE, TEMPLATES
 

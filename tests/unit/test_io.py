@@ -1,4 +1,4 @@
-"""dsbuild.io: reading and writing config files, ``extends``, and every way a file can be unusable."""
+"""dsbuild.io and dsbuild.files: reading and writing config files, ``extends``, and every way a file can be unusable."""
 
 from __future__ import annotations
 
@@ -19,19 +19,8 @@ from types import FrameType
 import pytest
 
 from dsbuild import AUTO, Config, ConfigError, MissingDependencyError, PresetNotFoundError, UnknownKeyError, io
-from dsbuild.io import (
-    CONFIG_FILES,
-    DATA_FILES,
-    MAX_DEPTH,
-    SizeLimit,
-    count_records,
-    merge,
-    read_dict,
-    read_table,
-    read_text,
-    write_json,
-    write_toml,
-)
+from dsbuild.files import CONFIG_FILES, DATA_FILES, MAX_DEPTH, SizeLimit, count_records, read_text
+from dsbuild.io import merge, read_dict, read_table, write_json, write_toml
 from dsbuild.presets import preset_names
 
 # The readers build the class they are given; the public API gives Config.

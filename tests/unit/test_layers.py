@@ -34,6 +34,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "dsbuild.build_locks",
         "dsbuild.slurm",
         "dsbuild.docstrings",
+        "dsbuild.files",
     ),
     # 1: the typed model and the builder (data only)
     ("dsbuild.config",),
