@@ -311,13 +311,21 @@ def candidates(save_dir: Path) -> list[str]:
     if not save_dir.is_dir():
         return []
     for child in save_dir.iterdir():
-        if child.is_dir() and not child.name.startswith("."):
+        if child.is_dir() and not child.name.startswith(".") and _holds_a_checkpoint(child):
             try:
                 step = int(read_json(child / MANIFEST).get("global_step", -1))
             except (CheckpointError, TypeError, ValueError):
                 step = -1
             found.append((step, child.name))
     return [tag for _, tag in sorted(found, reverse=True)]
+
+
+_CHECKPOINT_FILES: Final = ("*_model_states.pt", "*_optim_states.pt", "dsbuild_rank*.json")
+"""What DeepSpeed and dsbuild write into a checkpoint folder: a folder with none of them (nor a manifest) is not one."""
+
+
+def _holds_a_checkpoint(folder: Path) -> bool:
+    return (folder / MANIFEST).is_file() or any(next(folder.glob(p), None) for p in _CHECKPOINT_FILES)
 
 
 def verify(tag_dir: Path, *, hashes: bool = True) -> dict[str, Any]:

@@ -275,6 +275,14 @@ def _run(job: Job, *, resume: bool, tag: str | None, terminate_on_nan: bool, dat
             position = session.load_checkpoint(tag=tag)  # engine, data position, RNG; verified
             resumed_from = position["global_step"]
             say(f"resumed from {save_dir / position['tag']} at step {resumed_from}")
+            if main_process and resumed_from >= ready.total_steps:
+                logger.warning(
+                    "the run already ended at step %d of %d: nothing is trained (raise training.max_steps, e.g. "
+                    "--set training.max_steps=%d, to train on)",
+                    resumed_from,
+                    ready.total_steps,
+                    2 * ready.total_steps,
+                )
 
     # Checkpoints (every save_steps, and at the end) come from fit; evaluation every eval_steps (default: at each
     # checkpoint, and at the end).

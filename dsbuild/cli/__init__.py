@@ -13,10 +13,12 @@ Each command is an ``add_<name>(commands)`` function in one of the modules
 from __future__ import annotations
 
 import argparse
+import errno
 import io
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TypeAlias
 
 from ..errors import DsbuildError, NonFiniteLossError
@@ -82,7 +84,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as e:
         # Writing an output file: a missing directory, no permission, a full disk.
         where = f"{e.filename}: " if e.filename else ""
-        error(f"{where}{e.strerror or e}")
+        folder = Path(str(e.filename)).parent if e.filename else None
+        if e.errno == errno.ENOENT and folder is not None and not folder.exists():
+            error(f"{where}the folder {str(folder)!r} does not exist (create it first); nothing was written")
+        else:
+            error(f"{where}{e.strerror or e}")
         return 2
 
 

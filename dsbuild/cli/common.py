@@ -118,8 +118,9 @@ def diagnose_job(
             Diagnostic("model", "warning", "not checked: transformers is not installed", "pip install 'dsbuild[train]'")
         )
     else:  # before launch the hub is not reached: a hub id must be in the local cache
-        found += [Diagnostic(p.path, "error", p.message, p.hint) for p in model_problems(job.model, hub=False)]
-    found += data_problems(job)
+        problems = model_problems(job.model, hub=False)
+        found += [Diagnostic(p.path, "error", p.message, p.hint) for p in problems]
+        found += data_problems(job, tokenize=not problems)
     if deepspeed:
         world = world_size or job.launch.world_size
         try:
@@ -134,17 +135,19 @@ def diagnose_job(
     return found
 
 
-def data_problems(job: Job) -> list[Diagnostic]:
-    """Every record of a job's local data checked as ``dsbuild train`` checks it before launch (a hub dataset is
-    not fetched); each bad record an error naming its file and line."""
+def data_problems(job: Job, *, tokenize: bool) -> list[Diagnostic]:
+    """A job's local data checked as ``dsbuild train`` checks it before launch (a hub dataset is not fetched):
+    each bad record an error naming its file and line; with ``tokenize`` (the model is sound) also tokenized,
+    where the tokenizer is at hand, so data with nothing to train on is found here too."""
     if missing("datasets"):
         return [Diagnostic("data", "warning", "not checked: datasets is not installed", "pip install 'dsbuild[train]'")]
     if not isinstance(job.data.path, Path):
         return []
     from ..data import check
+    from ..run import preflight
 
     try:
-        check(job.data)
+        preflight(job) if tokenize else check(job.data)
     except ConfigError as e:
         where = f"{e.source}: " if e.source else ""
         return [Diagnostic(p.path or "data.path", "error", where + p.message, p.hint) for p in e.problems]
@@ -188,7 +191,10 @@ def as_path(ref: str) -> Path | None:
 
 
 def load_ref(ref: str) -> Config:
-    """A config file, or a preset by name."""
+    """A config file, a preset by name, or a job file's config (``Job.config``: its strategy, [training] filled in)."""
+    job = job_of(ref, ())
+    if job is not None:
+        return job.config
     path = as_path(ref)
     return Config.preset(ref) if path is None else Config.load(path)
 
@@ -405,8 +411,8 @@ MOST = 10**15
 """The largest integer an option takes: a larger one is a typo, and would overflow the float arithmetic it feeds."""
 
 
-def _int_at_least(least: int, expected: str) -> Callable[[str], int]:
-    """An argparse ``type``: an integer >= ``least`` and <= ``MOST`` (``expected`` names it in the error)."""
+def _int_at_least(least: int, expected: str, most: int = MOST) -> Callable[[str], int]:
+    """An argparse ``type``: an integer >= ``least`` and <= ``most`` (``expected`` names it in the error)."""
 
     def parse(text: str) -> int:
         try:
@@ -415,8 +421,9 @@ def _int_at_least(least: int, expected: str) -> Callable[[str], int]:
             value = least - 1
         if value < least:
             raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
-        if value > MOST:
-            raise argparse.ArgumentTypeError(f"expected {expected} up to 1e15, got {text!r}")
+        if value > most:
+            up_to = "1e15" if most == MOST else str(most)
+            raise argparse.ArgumentTypeError(f"expected {expected} up to {up_to}, got {text!r}")
         return value
 
     return parse
@@ -424,3 +431,4 @@ def _int_at_least(least: int, expected: str) -> Callable[[str], int]:
 
 positive_int = _int_at_least(1, "a positive integer")
 non_negative_int = _int_at_least(0, "an integer >= 0")
+port_number = _int_at_least(1, "a TCP port number", most=65535)

@@ -57,7 +57,9 @@ def add_show(commands: Commands) -> None:
         help="print a preset or config file as a ds_config",
         description="Print a preset or config file as a ds_config (extends merged, aliases normalized).",
     )
-    p.add_argument("config", metavar="NAME|FILE", help="a preset name or a .json/.toml/.yaml file")
+    p.add_argument(
+        "config", metavar="NAME|FILE|JOB", help="a preset name, a .json/.toml/.yaml file, or a job file (its config)"
+    )
     p.add_argument("--format", choices=FORMATS, default="json", help="output format (default: json)")
     p.set_defaults(handler=_show)
 

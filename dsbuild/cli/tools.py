@@ -153,7 +153,9 @@ def add_doctor(commands: Commands) -> None:
             "Exit 1 when something the config needs is missing."
         ),
     )
-    p.add_argument("config", nargs="?", metavar="CONFIG_OR_JOB", help="a config file or preset to check against")
+    p.add_argument(
+        "config", nargs="?", metavar="CONFIG_OR_JOB", help="a config file, preset or job file to check against"
+    )
     p.set_defaults(handler=_doctor)
 
 

@@ -14,7 +14,7 @@ from .. import launch, output_dir, run
 from ..errors import ConfigError, OutputDirError
 from ..extras import require
 from ..job import demo_job_path, load_job
-from .common import Commands, job_sets, non_negative_int, positive_int
+from .common import Commands, job_sets, non_negative_int, port_number, positive_int
 from .output import error, escape_lines, out, plural, warning
 
 __all__ = ["add_train"]
@@ -63,7 +63,7 @@ def add_train(commands: Commands) -> None:
     )
     p.add_argument(
         "--master-port",
-        type=positive_int,
+        type=port_number,
         metavar="PORT",
         help="a free port on node 0 (default 29500; in a Slurm job MASTER_PORT, else one from SLURM_JOB_ID)",
     )
@@ -133,6 +133,13 @@ def _train(args: argparse.Namespace) -> int:
     except ConfigError as e:
         raise e if e.source else e.with_source(str(path)) from None
     resume = args.resume or args.resume_from is not None
+    if node_rank == 0:
+        try:
+            job.output_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            why = "it is a file, not a folder" if job.output_dir.is_file() else e.strerror or str(e)
+            error(f"{path}: training.output_dir: cannot use {str(job.output_dir)!r}: {why}")
+            return 2
     # Node 0 owns the output folder: it holds the lock for the whole run and guards an earlier run's files.
     with output_dir.lock(job.output_dir) if node_rank == 0 else contextlib.nullcontext():
         if node_rank == 0:

@@ -80,7 +80,7 @@ def _check_chat(record: Mapping[str, Any], fmt: str, names: Mapping[str, str]) -
     field, role_field, content_field = (names.get(k, k) for k in (list_key, role_key, content_key))
     turns = record.get(field)
     if not isinstance(turns, list):
-        got = "it is missing" if turns is None else f"got {_type(turns)}"
+        got = "it is missing or null" if turns is None else f"got {_type(turns)}"
         return None, f"field {field!r}: expected a list of {'messages' if fmt == 'messages' else 'turns'}, {got}"
     messages = []
     for i, turn in enumerate(turns):
@@ -93,11 +93,11 @@ def _check_chat(record: Mapping[str, Any], fmt: str, names: Mapping[str, str]) -
         else:
             known = {r: r for r in ROLES}
         if role not in known:
-            got = "it is missing" if role is None else f"got {role!r}"
+            got = "it is missing or null" if role is None else f"got {role!r}"
             return None, f"{where}.{role_field}: {got}, expected one of {', '.join(map(repr, known))}"
         content = turn.get(content_field)
         if not isinstance(content, str):
-            got = "it is missing" if content is None else f"got {_type(content)}"
+            got = "it is missing or null" if content is None else f"got {_type(content)}"
             return None, f"{where}.{content_field}: expected a string, {got}"
         messages.append({"role": known[str(role)], "content": content})
     if not any(m["role"] == TRAINED_ROLE and m["content"] for m in messages):
@@ -110,7 +110,7 @@ def _string(record: Mapping[str, Any], field: str, *, required: bool = True) -> 
     if value is None and not required:
         return "", None
     if not isinstance(value, str):
-        got = "it is missing" if value is None else f"got {_type(value)}"
+        got = "it is missing or null" if value is None else f"got {_type(value)}"
         return "", f"field {field!r}: expected a string, {got}"
     return value, None
 

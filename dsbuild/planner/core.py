@@ -288,6 +288,12 @@ def plan(
         f"CPU figures carry DeepSpeed's {additional_buffer_factor:g}x head room; NVMe rows include the pinned "
         "swap buffers at DeepSpeed's defaults (a smaller sub_group_size shrinks the optimizer's)",
     ]
+    if gpu_budget is None:
+        notes.insert(
+            0,
+            "NO GPU MEMORY GIVEN: every row counts as fitting the GPU, so the pick is only the fastest choice "
+            "(pass gpu_memory / --gpu-memory to plan for your GPUs)",
+        )
     if cpu_budget is None:
         notes.append("no CPU budget given: every row's CPU need counts as fitting (pass cpu_memory to check it)")
     return Plan(
@@ -426,6 +432,8 @@ def _reason(
     unknown = "; activations not counted (give the model's config)" if acts is None else ""
     if chosen is not None:
         text = f"{chosen.label} is the fastest choice" + (f" that fits in {budget}" if budget else "")
+        if gpu is None:
+            text += " (no GPU memory given: pass gpu_memory, --gpu-memory, to know whether it fits)"
         if cpu is None and chosen.cpu_bytes_per_node:
             text += f"; it needs {gib(chosen.cpu_bytes_per_node)} CPU memory per node"
         return text + unknown

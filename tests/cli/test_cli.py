@@ -86,6 +86,16 @@ def test_show_file_as_toml(capsys: pytest.CaptureFixture[str], tmp_path: Path) -
     assert Config.from_dict(tomllib.loads(out)) == Config.preset("zero2").batch(micro=4)
 
 
+def test_show_and_doctor_take_a_job_file(capsys: pytest.CaptureFixture[str]) -> None:
+    """A job file is shown as its run's config, and doctor checks against it (cli.md: CONFIG_OR_JOB)."""
+    job = Path(__file__).resolve().parents[2] / "examples" / "job_lora_zero3.toml"
+    code, out, err = run(capsys, "show", str(job))
+    assert code == 0 and err == ""
+    assert json.loads(out) == dsbuild.load_job(job).config.to_dict()
+    code, out, err = run(capsys, "doctor", str(job))
+    assert "unknown key" not in out + err and "needed by" in out
+
+
 def test_show_missing_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """A path that is not there: exit 2, one line on stderr, nothing on stdout."""
     path = tmp_path / "nope.json"
@@ -157,7 +167,10 @@ def test_export_into_a_missing_directory(capsys: pytest.CaptureFixture[str], tmp
     out_path = tmp_path / "nosuch" / "ds.json"
     code, _, err = run(capsys, "export", "zero3", "-o", str(out_path))
     assert code == 2
-    assert err == f"dsbuild: error: {out_path}: No such file or directory\n"
+    assert err == (
+        f"dsbuild: error: {out_path}: the folder {str(out_path.parent)!r} does not exist (create it first); "
+        "nothing was written\n"
+    )
 
 
 def test_export_check_refuses_a_config_with_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

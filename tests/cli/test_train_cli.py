@@ -35,7 +35,7 @@ vocab_size = 384
 [data]
 path = "train.jsonl"
 format = "alpaca"
-max_length = 64
+max_length = 256
 
 [training]
 per_device_train_batch_size = 4
@@ -217,7 +217,7 @@ def test_train_checks_the_model_config_and_the_data_before_starting(
     code, out, err = run(capsys, "train", str(job))
     assert (code, out) == (2, "")
     data = job.parent / "train.jsonl"
-    assert err == f"dsbuild: error: {data}: line 2: field 'output': expected a string, it is missing\n"
+    assert err == f"dsbuild: error: {data}: line 2: field 'output': expected a string, it is missing or null\n"
 
 
 def test_train_usage_errors(capsys: pytest.CaptureFixture[str], job: Path) -> None:
@@ -227,6 +227,14 @@ def test_train_usage_errors(capsys: pytest.CaptureFixture[str], job: Path) -> No
     assert code == 2 and "--node-rank 2: expected 0 to 1 for 2 nodes" in err
     code, _, err = run(capsys, "train", str(job), "--node-rank", "-1")
     assert code == 2 and "expected an integer >= 0, got '-1'" in err
+    # An output folder that cannot be made names the key.
+    (job.parent / "a_file").write_text("x")
+    output_dir = f"training.output_dir='{job.parent / 'a_file'}'"
+    code, _, err = run(capsys, "train", str(job), "--set", output_dir)
+    assert code == 2 and f"training.output_dir: cannot use '{job.parent / 'a_file'}': it is a file, not a folder" in err
+    # A port torchrun would refuse with a traceback is refused here, before anything starts.
+    code, _, err = run(capsys, "train", str(job), "--master-port", "99999")
+    assert code == 2 and "--master-port: expected a TCP port number up to 65535, got '99999'" in err
 
 
 def test_train_usage_errors_in_a_slurm_job(
@@ -255,6 +263,20 @@ def _dsbuild(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "dsbuild", *argv], capture_output=True, text=True, cwd=cwd, timeout=120, env=env
     )
+
+
+def test_checkpoints_lists_only_checkpoint_folders(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Folders that hold no checkpoint file are not checkpoints: a folder of them is "no checkpoints" (exit 2);
+    a folder with DeepSpeed's files and no manifest is a damaged checkpoint (exit 1)."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.jsonl").write_text("{}\n")
+    (tmp_path / "logs").mkdir()
+    code, _, err = run(capsys, "checkpoints", str(tmp_path))
+    assert code == 2 and err == f"dsbuild: error: {tmp_path}: no checkpoints\n"
+    (tmp_path / "global_step2").mkdir()
+    (tmp_path / "global_step2" / "mp_rank_00_model_states.pt").write_bytes(b"x")
+    code, out, _ = run(capsys, "checkpoints", str(tmp_path))
+    assert code == 1 and "global_step2" in out and "DAMAGED" in out and "data" not in out.replace(str(tmp_path), "")
 
 
 def test_device_mapping_holding_code_is_refused_and_never_run(job: Path, tmp_path: Path) -> None:

@@ -101,8 +101,22 @@ def test_bad_data_records_are_named_by_validate_as_train_would(
     code, out = validate(capsys, tmp_path, CONFIG, data='{"text": "a"}\n{"txt": "b"}\n{"text": 3}\n')
     data = tmp_path / "train.jsonl"
     assert code == 1
-    assert f"data.path: {data}: line 2: field 'text': expected a string, it is missing" in out
+    assert f"data.path: {data}: line 2: field 'text': expected a string, it is missing or null" in out
     assert f"data.path: {data}: line 3: field 'text': expected a string, got int" in out
+
+
+def test_data_with_nothing_left_to_train_on_fails_validate_as_it_would_fail_train(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """With the byte tokenizer at hand validate loads the data as train does: a split leaving nothing is an error."""
+    pytest.importorskip("datasets")
+    records = "".join(f'{{"text": "hello {i}"}}\n' for i in range(3))
+    job = JOB.replace('format = "text"', 'format = "text"\neval_split = 0.99')
+    (tmp_path / "train.jsonl").write_text(records, encoding="utf-8")
+    (tmp_path / "job.toml").write_text(job.format(model=CONFIG), encoding="utf-8")
+    code = main(["validate", str(tmp_path / "job.toml")])
+    out = capsys.readouterr().out
+    assert code == 1 and "data.eval_split: 0.99 of 3 records leaves none to train on" in out, out
 
 
 @pytest.mark.parametrize("text", ["0-99999999999", "list(range(0,100000000))", "0-1," + "9" * 5000])

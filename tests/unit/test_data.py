@@ -97,7 +97,7 @@ def test_every_bad_record_is_named(tmp_path: Path) -> None:
         read_records(path, "alpaca")
     assert info.value.source == str(path)
     assert [str(p) for p in info.value.problems] == [
-        "line 2: field 'output': expected a string, it is missing",
+        "line 2: field 'output': expected a string, it is missing or null",
         "line 3: expected a JSON object, got list",
         "line 4: field 'instruction': expected a string, got int",
         "line 6: field 'output': empty (there would be nothing to learn)",
@@ -105,7 +105,7 @@ def test_every_bad_record_is_named(tmp_path: Path) -> None:
     broken = write(tmp_path / "broken.jsonl", ['{"text": "a"}', '{"text": '])
     with pytest.raises(ConfigError, match=r"line 2: invalid JSON at column 10"):
         read_records(broken, "text")
-    with pytest.raises(ConfigError, match="field 'body': expected a string, it is missing"):
+    with pytest.raises(ConfigError, match="field 'body': expected a string, it is missing or null"):
         read_records(write(tmp_path / "t.jsonl", [{"text": "a"}]), "text", text_field="body")
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n")
@@ -365,13 +365,13 @@ def test_bad_records_are_named_in_every_file_type(tmp_path: Path, tok: Any) -> N
     jsonl = write(tmp_path / "a.jsonl", [ALPACA[0], "", {"instruction": "x", "answer": "y"}])
     e = error(check, spec(jsonl), cache_dir=str(tmp_path / "c"))
     assert e.source == str(jsonl)
-    assert [str(p) for p in e.problems] == ["line 3: field 'output': expected a string, it is missing"]
+    assert [str(p) for p in e.problems] == ["line 3: field 'output': expected a string, it is missing or null"]
     table = pa.Table.from_pylist([{"instruction": "a", "answer": "b"}, {"instruction": "c", "answer": "d"}])
     pq.write_table(table, tmp_path / "a.parquet")
     e = error(check, spec(tmp_path / "a.parquet"), cache_dir=str(tmp_path / "c"))
     assert [str(p) for p in e.problems] == [
-        "[0]: field 'output': expected a string, it is missing",
-        "[1]: field 'output': expected a string, it is missing",
+        "[0]: field 'output': expected a string, it is missing or null",
+        "[1]: field 'output': expected a string, it is missing or null",
         "no record has the field 'output'; the records' fields are 'instruction', 'answer' "
         "(name the file's field in [data.columns])",
     ]

@@ -452,13 +452,14 @@ def test_speed_order_is_deepspeeds_guidance() -> None:
 
 
 def test_no_budget_recommends_plain_data_parallel() -> None:
-    """With nothing to fit, the fastest row, ZeRO-0, is the pick."""
+    """With nothing to fit, the fastest row, ZeRO-0, is the pick, and the plan says loudly that no GPU was given."""
     p = plan(params="125M")
     assert p.recommended == Config.zero(0)
     assert p.reason == (
-        "ZeRO-0 is the fastest choice; it needs 0.70 GiB CPU memory per node; "
-        "activations not counted (give the model's config)"
+        "ZeRO-0 is the fastest choice (no GPU memory given: pass gpu_memory, --gpu-memory, to know whether it fits); "
+        "it needs 0.70 GiB CPU memory per node; activations not counted (give the model's config)"
     )
+    assert p.notes[0].startswith("NO GPU MEMORY GIVEN: every row counts as fitting the GPU")
 
 
 def test_7b_on_eight_24gib_gpus() -> None:
