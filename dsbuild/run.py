@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import logging
 import math
 import os
@@ -305,6 +306,19 @@ def _run(job: Job, *, resume: bool, tag: str | None, terminate_on_nan: bool, dat
     return RunResult(history=records, resumed_from=resumed_from, output_dir=job.output_dir)
 
 
+_MONITOR_NAMES: Final = {"csv_monitor": "CSV", "tensorboard": "TensorBoard", "wandb": "W&B", "comet": "Comet"}
+
+
+def _monitors(ds_config: Path) -> list[str]:
+    """The DeepSpeed monitors the run's config turned on, as the summary names them."""
+    try:
+        config = json.loads(ds_config.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    on = [name for key, name in _MONITOR_NAMES.items() if (config.get(key) or {}).get("enabled") is True]
+    return [f"DeepSpeed's {' and '.join(on)} monitor{'s' if len(on) > 1 else ''}"] if on else []
+
+
 def _title(job: Job) -> str:
     from .session import distributed
 
@@ -338,7 +352,7 @@ def summary_lines(job: Job) -> list[str]:
         ("ds_config", out / "ds_config.json", "the resolved config the engine ran with"),
         ("checkpoints", out / "checkpoints", f"latest: {latest}" if latest else "none saved"),
         ("model", out / "model", model),
-        ("metrics", out / "logs", f"DeepSpeed's CSV monitor; {HISTORY}"),
+        ("metrics", out / "logs", "; ".join([*_monitors(out / "ds_config.json"), HISTORY])),
         ("loss plot", out / LOSS_PLOT, ""),
     ]
     width = max(len(r[0]) for r in rows)

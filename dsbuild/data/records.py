@@ -161,8 +161,9 @@ class Checker:
             raise no_sample_left(source, self.records, key)
         if self.bad:
             problems = [Problem("", f"{where(index)}: {problem}") for index, problem in self.bad]
-            if self.more:
-                problems.append(Problem("", f"... and {self.more} more"))
+            if self.more:  # a hint on the last one shown, so that the count of errors is the count of records shown
+                last = problems[-1]
+                problems[-1] = Problem(last.path, last.message, f"and {self.more} more bad records after it")
             raise ConfigError([*problems, *extra], source=source)
 
 

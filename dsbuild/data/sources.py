@@ -281,11 +281,11 @@ def _hub(name: str, key: str, split: str, cache_dir: str | None) -> Source:
     try:
         with quiet():
             dataset = datasets.load_dataset(name, split=split, cache_dir=cache_dir)
-    except ConnectionError as e:
+    except ConnectionError:  # datasets' own words ("... is not cached in None") add nothing
         raise ConfigError(
             Problem(
                 key,
-                f"{name!r} is not a local file or folder, and the hub cannot be reached to load it: {_first_line(e)}",
+                f"{name!r} is not a local file or folder, and the hub cannot be reached to load it",
                 f"{hint}; a hub dataset needs the network (HF_HUB_OFFLINE unset) or a copy in the datasets cache",
             )
         ) from None

@@ -152,18 +152,22 @@ class VerifyingCheckpointEngine:
         hasher = threading.Thread(target=lambda: result.append(sha256_file(target)))
         if expected is not None:  # verified while torch reads it: the weights-only load runs nothing either way
             hasher.start()
+        failure: CheckpointError | None = None
         try:
             with torch.serialization.safe_globals(safe_globals()):
                 loaded = torch.load(target, map_location=map_location, weights_only=True)
         except pickle.UnpicklingError as e:
-            raise CheckpointError(f"{target}: refused: {_unsafe_global(e)}") from None
+            failure = CheckpointError(f"{target}: refused: {_unsafe_global(e)}")
         except (RuntimeError, EOFError, OSError, ValueError) as e:
-            raise CheckpointError(f"{target}: unreadable: {str(e).splitlines()[0]}") from None
+            failure = CheckpointError(f"{target}: unreadable: {str(e).splitlines()[0]}")
         finally:
             if expected is not None:
                 hasher.join()
+        # A file that differs from its manifest is named so first: that, not how torch failed on it, is the news.
         if expected is not None and (not result or result[0] != expected[1]):
             raise CheckpointError(f"{target}: its contents differ from the manifest's SHA-256 (altered or damaged)")
+        if failure is not None:
+            raise failure
         return loaded
 
 
