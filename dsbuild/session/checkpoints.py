@@ -85,6 +85,20 @@ def _save_failed(save_dir: Path, tag: str, error: OSError, main: bool) -> Checkp
     return CheckpointError(f"saving checkpoint {tag} in {save_dir} failed: {reason}{where}; {partial}{intact}")
 
 
+def _reapply_lr(engine: Any) -> None:
+    """Set the optimizer's learning rate from the loaded scheduler for the step it is at.
+
+    The saved optimizer state holds the rate the old run's schedule set for the next step; a resume with another
+    ``max_steps`` has another schedule, whose rate the first resumed step must use. DeepSpeed's schedulers take
+    ``step(last_batch_iteration)`` to set the rate of a given iteration without moving on; an unchanged schedule
+    sets the same rate again.
+    """
+    scheduler: Any = getattr(engine, "lr_scheduler", None)
+    iteration = getattr(scheduler, "last_batch_iteration", None)
+    if isinstance(iteration, int) and iteration >= 0:
+        scheduler.step(iteration)
+
+
 def load(
     engine: Any, load_dir: Path, tag: str | None, *, facts: manifest.RunFacts, module_strict: bool
 ) -> tuple[str, dict[str, Any], list[str]]:
@@ -113,6 +127,7 @@ def load(
             raise CheckpointError(problem or f"{load_dir / name}: damaged (found by another process)")
 
     name, _, skipped = manifest.pick(load_dir, tag, facts, attempt)
+    _reapply_lr(engine)
     if skipped and distributed.rank() == 0:
         for note in skipped:
             logger.warning("skipped a damaged checkpoint: %s", note)

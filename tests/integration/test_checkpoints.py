@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -152,6 +153,22 @@ def test_an_altered_file_of_the_same_size_is_caught_as_it_loads(
     assert "differ from the manifest's SHA-256" in position["skipped"][0]
     listed = {c.tag: c.problem for c in manifest.list_checkpoints(out / "checkpoints")}
     assert listed["global_step2"] is None and "SHA-256" in str(listed["global_step4"])
+
+
+def test_a_resume_with_more_steps_uses_the_new_schedule_from_its_first_step(tmp_path: Path) -> None:
+    """The README's `--resume --set training.max_steps=<more>`: the first resumed step runs at the new schedule's
+    rate, not at the one the old schedule left in the saved optimizer state."""
+    out = tmp_path / "run"
+    config = CONFIG.warmup_decay_lr(warmup_num_steps=1, warmup_max_lr=1e-2, total_num_steps="auto")
+    training = Training(per_device_train_batch_size=2, learning_rate=1e-2, max_steps=4, save_steps=4, seed=7)
+    Session.from_pretrained(tiny_llama(), config, training=training, output_dir=out).fit(TokenData(12))
+    longer = attrs.evolve(training, max_steps=8)
+    resumed = Session.from_pretrained(tiny_llama(), config, training=longer, output_dir=out)
+    assert resumed.load_checkpoint()["global_step"] == 4
+    scheduler = resumed.engine.lr_scheduler
+    assert scheduler.total_num_steps == 8
+    rate = resumed.engine.optimizer.param_groups[0]["lr"]
+    assert rate == pytest.approx(scheduler.get_lr()[0]) and rate > 0  # the old schedule ended at 0 at step 4
 
 
 @pytest.mark.parametrize(
