@@ -33,7 +33,7 @@ from .common import (
     resolved,
     resolved_job,
 )
-from .output import counts, error, escape, escape_lines, out, plural, report
+from .output import counts, error, escape, escape_lines, for_the_command_line, out, plural, report
 
 __all__ = ["add_explain", "add_export", "add_presets", "add_schema", "add_show", "add_validate"]
 
@@ -284,7 +284,7 @@ def _validate(args: argparse.Namespace) -> int:
             if group:
                 out(f" {title}:")
                 for d in group:
-                    out(f"  {escape(str(d))}")
+                    out(f"  {escape(for_the_command_line(str(d)))}")
     n = len(args.configs)
     parts = [f"{plural(n, 'config')} checked", counts(totals["error"], totals["warning"])]
     if unreadable:

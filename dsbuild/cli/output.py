@@ -82,7 +82,7 @@ def error(text: str) -> None:
 
 
 def warning(text: str) -> None:
-    print(f"dsbuild: warning: {escape_lines(text)}", file=sys.stderr)
+    print(f"dsbuild: warning: {escape_lines(for_the_command_line(text))}", file=sys.stderr)
 
 
 def report(exc: DsbuildError) -> None:
