@@ -22,7 +22,7 @@ Paths in ``[model]``, ``[data]`` and ``strategy.config`` are relative to the job
 whose ``source`` is the file, each under its ``section.key`` path. What needs the
 whole run to judge (the strategy config resolved against the training arguments,
 the model's hidden size and the world size) is ``Job.validate()``'s job, with the
-config's diagnostics under ``strategy.config.``.
+config's diagnostics under ``strategy.config.`` (``strategy.overrides.`` for a key the overrides set).
 
 The run's ds_config (``Job.config``) is the strategy config completed the way the
 HF Trainer completes it: the training arguments fill what the config leaves unset

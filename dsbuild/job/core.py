@@ -140,8 +140,12 @@ class Job:
                 total_steps=None if self.training.max_steps > 0 else (self.total_steps(world) or _STAND_IN_STEPS),
             )
         except ConfigError as e:
-            return [Diagnostic(_config_path(p.path), "error", p.message, p.hint, rule="resolve") for p in e.problems]
-        return [attrs.evolve(d, path=_config_path(d.path)) for d in validate(resolved, world_size=world, resolved=True)]
+            return [
+                Diagnostic(_config_path(p.path, self.strategy.overrides), "error", p.message, p.hint, rule="resolve")
+                for p in e.problems
+            ]
+        found = validate(resolved, world_size=world, resolved=True)
+        return [attrs.evolve(d, path=_config_path(d.path, self.strategy.overrides)) for d in found]
 
     def check(self, *, world_size: int | None = None) -> Job:
         """Raise one ``ConfigError`` (``source``: the job file) listing every error of ``validate``; else ``self``."""
@@ -151,8 +155,19 @@ class Job:
         return self
 
 
-def _config_path(path: str) -> str:
-    return f"strategy.config.{path}" if path else "strategy.config"
+def _config_path(path: str, overrides: Mapping[str, Any] | None = None) -> str:
+    """Where a config key came from in the job: ``strategy.overrides.KEY`` if the overrides set it (or a value
+    above it), else ``strategy.config.KEY``."""
+    if not path:
+        return "strategy.config"
+    table: Any = overrides or {}
+    for part in path.split("."):
+        if not isinstance(table, Mapping):
+            break  # the overrides set a value above the key: it came from there
+        if part not in table:
+            return f"strategy.config.{path}"
+        table = table[part]
+    return f"strategy.overrides.{path}"
 
 
 def load_job(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Job:

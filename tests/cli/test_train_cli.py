@@ -98,7 +98,7 @@ def test_validate_tells_job_files_from_configs(capsys: pytest.CaptureFixture[str
     assert out.splitlines()[:3] == [
         f"{job}: 1 error, 0 warnings",
         " errors:",
-        '  strategy.config.optimizer.params.lr: 0.0005 disagrees with learning_rate = 0.001 (set the key to "auto" or to 0.001)',
+        '  strategy.overrides.optimizer.params.lr: 0.0005 disagrees with learning_rate = 0.001 (set the key to "auto" or to 0.001)',
     ]
     code, out, _ = run(capsys, "validate", str(job), "--set", "training.learning_rate=5e-4")
     assert (code, out.splitlines()[0]) == (0, f"{job}: ok")
@@ -196,7 +196,7 @@ def test_train_refuses_a_config_that_fails_validation(capsys: pytest.CaptureFixt
     code, out, err = run(capsys, "train", str(job), "--nproc-per-node", "2")
     assert (code, out) == (1, "")
     lines = err.splitlines()
-    assert lines[0].startswith(f"dsbuild: error: {job}: strategy.config.train_batch_size: ")
+    assert lines[0].startswith(f"dsbuild: error: {job}: strategy.overrides.train_batch_size: ")
     # The batch triangle's 6 / 2 processes = 3 disagrees with the micro batch too.
     assert "strategy.config.train_micro_batch_size_per_gpu: " in lines[1]
     assert lines[-1] == "dsbuild: error: not started: 2 errors"
