@@ -124,8 +124,7 @@ def _read_bytes(path: Path, limit: SizeLimit) -> bytes:
     try:
         info = os.fstat(fd)
         _check_regular(info.st_mode, source)
-        if info.st_size > limit.size:
-            raise _too_large(f"the file is {_amount(info.st_size)}", limit, source)
+        check_size(info.st_size, limit, source)
         chunks: list[bytes] = []
         left = limit.size + 1  # one byte more than allowed tells a file that grew while we read it
         while left > 0:

@@ -42,6 +42,7 @@ from .job import BYTE_TOKENIZER, Job
 from .manifest import candidates, fingerprint, read_latest, sha256_file
 from .model import build_tokenizer, model_source
 from .plot import plot_in_child
+from .training import steps_between
 
 logger = logging.getLogger("dsbuild")
 
@@ -79,11 +80,12 @@ class RunResult:
 def preflight(job: Job) -> Datasets | None:
     """What can be checked before any process starts: the model config, every data record, and (with a tokenizer
     at hand: the byte one or a local one) that the data has tokens to train on. The tokenized data, when made."""
-    from .data import check
+    from .data import check, load
 
     model_source(job.model)
     if job.model.tokenizer == BYTE_TOKENIZER or (job.model.tokenizer and Path(job.model.tokenizer).exists()):
-        return _datasets(job, build_tokenizer(job.model))
+        # One process (the launcher, or validate): no process group, so nothing of the Session is imported.
+        return load(job.data, build_tokenizer(job.model), seed=job.training.seed)
     check(job.data)
     return None
 
@@ -287,11 +289,10 @@ def _run(job: Job, *, resume: bool, tag: str | None, terminate_on_nan: bool, dat
 
     # Checkpoints (every save_steps, and at the end) come from fit; evaluation every eval_steps (default: at each
     # checkpoint, and at the end).
-    save_steps = job.training.save_steps
-    save_every = max(math.ceil(save_steps * ready.total_steps), 1) if save_steps < 1 else int(save_steps)
-    if job.training.save_strategy != "steps":
-        save_every = 0
-    eval_every = (job.eval_steps or save_every or None) if ready.evaluation is not None else None
+    training = job.training
+    save_every = steps_between(training.save_steps, ready.total_steps) if training.save_strategy == "steps" else 0
+    eval_steps = steps_between(training.eval_steps, ready.total_steps) if training.eval_steps else None
+    eval_every = (eval_steps or save_every or None) if ready.evaluation is not None else None
     session.fit(ready.train, eval_data=ready.evaluation, eval_every=eval_every, collate_fn=ready.collate_fn)
     if ready.evaluation is not None and eval_every and session.global_step % eval_every:
         session.evaluate(ready.evaluation, collate_fn=ready.collate_fn)  # the final model too (in the history)

@@ -22,7 +22,16 @@ from .config.fields import Spec, check_value, coerce
 from .errors import InvalidValueError, Problem, error_of
 from .suggest import did_you_mean
 
-__all__ = ["HF_NAMES_NOT_TAKEN", "NOT_TAKEN", "REPORT_TO", "SCHEDULER_TYPES", "NoneValue", "Training", "training_from"]
+__all__ = [
+    "HF_NAMES_NOT_TAKEN",
+    "NOT_TAKEN",
+    "REPORT_TO",
+    "SCHEDULER_TYPES",
+    "NoneValue",
+    "Training",
+    "steps_between",
+    "training_from",
+]
 
 REPORT_TO: Final = {
     "tensorboard": "tensorboard",
@@ -54,10 +63,9 @@ NOT_TAKEN: Final[dict[str, str]] = {
 """HF ``TrainingArguments`` names dsbuild does not take, and what to do instead (any other HF name it does not take
 says just that; ``tests/unit/test_training_names.py`` checks the names against the installed transformers)."""
 
-HF_NAMES_NOT_TAKEN: Final = frozenset(
+HF_NAMES_NOT_TAKEN: Final = frozenset(NOT_TAKEN) | frozenset(
     {
         "accelerator_config",
-        "activation_checkpointing",
         "activation_checkpointing_kwargs",
         "auto_find_batch_size",
         "average_tokens_across_devices",
@@ -76,18 +84,14 @@ HF_NAMES_NOT_TAKEN: Final = frozenset(
         "ddp_static_graph",
         "ddp_timeout",
         "debug",
-        "deepspeed",
         "disable_tqdm",
-        "do_eval",
         "do_predict",
-        "do_train",
         "enable_jit_checkpoint",
         "eval_accumulation_steps",
         "eval_delay",
         "eval_do_concat_batches",
         "eval_on_start",
         "eval_use_gather_object",
-        "fsdp",
         "fsdp_config",
         "full_determinism",
         "gradient_checkpointing_kwargs",
@@ -105,32 +109,21 @@ HF_NAMES_NOT_TAKEN: Final = frozenset(
         "label_smoothing_factor",
         "length_column_name",
         "liger_kernel_config",
-        "load_best_model_at_end",
-        "local_rank",
         "log_level",
         "log_level_replica",
         "log_on_each_node",
-        "logging_dir",
         "logging_nan_inf_filter",
-        "lr_scheduler_kwargs",
         "metric_for_best_model",
         "neftune_noise_alpha",
-        "optim",
-        "optim_args",
         "optim_target_modules",
-        "overwrite_output_dir",
         "parallelism_config",
         "prediction_loss_only",
         "project",
-        "push_to_hub",
         "remove_unused_columns",
         "restore_callback_states_from_checkpoint",
-        "resume_from_checkpoint",
         "run_name",
         "save_only_model",
         "skip_memory_metrics",
-        "tf32",
-        "torch_compile",
         "torch_compile_backend",
         "torch_compile_mode",
         "torch_empty_cache_steps",
@@ -168,6 +161,12 @@ class NoneValue:
 
     def __repr__(self) -> str:
         return "None"
+
+
+def steps_between(value: float, total_steps: int) -> int:
+    """Optimizer steps between two events from an HF interval argument (``save_steps``, ``eval_steps``,
+    ``logging_steps``): a count, or below 1 a fraction of the run's ``total_steps`` (rounded up, at least 1)."""
+    return max(math.ceil(value * total_steps), 1) if value < 1 else int(value)
 
 
 def _arg(default: Any, spec: Spec, *, optional: bool = False) -> Any:

@@ -17,9 +17,8 @@ from ..config.walk import leaves
 from ..deepspeed_verdict import deepspeed_verdict
 from ..errors import ConfigError, DsbuildError
 from ..extras import missing
-from ..files import read_text
 from ..interop import for_accelerate
-from ..io import SUFFIXES, parser_for, read_dict, read_table, to_config
+from ..io import SUFFIXES, read_dict, read_table, to_config
 from ..job import Job, looks_like_job, read_job_dict
 from ..model import model_problems
 from ..overrides import parse_set, set_dotted
@@ -378,7 +377,7 @@ def _training_of(args: argparse.Namespace, overrides: Mapping[str, object]) -> T
     fields: dict[str, object] = {}
     if args.training is not None:
         path = Path(args.training)
-        fields.update(parser_for(path, str(path))(read_text(path), path))
+        fields.update(read_table(path))
         table = fields.get("training")
         if isinstance(table, dict):  # a job file's [training] table
             fields = dict(table)

@@ -13,6 +13,7 @@ from .core import (
     ConfigFields,
     in_strict_section,
     section_classes,
+    strict_section,
     takes_null,
 )
 from .features import (
@@ -121,5 +122,6 @@ __all__ = [
     "ZeroOptimization",
     "in_strict_section",
     "section_classes",
+    "strict_section",
     "takes_null",
 ]

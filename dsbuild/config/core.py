@@ -64,9 +64,14 @@ STRICT_SECTIONS: tuple[str, ...] = (
 optional. The other sections it reads by hand, where a ``null`` reads as the key's default."""
 
 
+def strict_section(path: str) -> str | None:
+    """The one of the ``STRICT_SECTIONS`` the dotted key ``path`` lies in, or ``None``."""
+    return next((s for s in STRICT_SECTIONS if path.startswith(f"{s}.")), None)
+
+
 def in_strict_section(path: str) -> bool:
     """Whether the dotted key ``path`` lies in one of the ``STRICT_SECTIONS``."""
-    return any(path.startswith(f"{s}.") for s in STRICT_SECTIONS)
+    return strict_section(path) is not None
 
 
 def takes_null(spec: f.Spec, path: str) -> bool:

@@ -246,9 +246,7 @@ def coerce(spec: Spec, value: Any) -> Any:
             if number is not None and float(number).is_integer():
                 return int(number)
     elif kind == "float":
-        if isinstance(value, str):
-            number = _number_text(value)
-            return number if number is not None else value
+        return _text_number(value)
     elif kind == "bool":
         if isinstance(value, str):
             return _BOOLEAN_TEXT.get(value.strip().lower(), value)

@@ -28,8 +28,8 @@ written, never reported."""
 def auto_paths(obj: Any, prefix: str = "") -> list[str]:
     """The dotted path of every ``AUTO`` in a config or section, in field order (a pair holding one counts).
 
-    Free tables DeepSpeed passes on as written (``zenflow``, the long-tail sections) are not
-    looked into; a torch optimizer's or scheduler's params are. ``DEEPSPEED_AUTOS`` are left out.
+    Typed sections are looked into, and so are a torch optimizer's or scheduler's params; the
+    long-tail sections carried as written (``Config.extra``) are not. ``DEEPSPEED_AUTOS`` are left out.
     """
     found: list[str] = []
     for a in attrs.fields(type(obj)):

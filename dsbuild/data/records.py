@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TextIO
 
 import attrs
 
@@ -29,6 +29,7 @@ __all__ = [
     "Checker",
     "Record",
     "check_record",
+    "first_text",
     "iter_records",
     "json_lines_where",
     "no_sample_left",
@@ -208,17 +209,23 @@ def read_records(
     return records
 
 
+def first_text(f: TextIO, source: str) -> str:
+    """The first character of a text file that is not blank (``"["`` for a JSON array); ``ConfigError`` if none."""
+    while chunk := f.read(4096):
+        if stripped := chunk.lstrip():
+            return stripped[0]
+    raise ConfigError("the data file is empty", source=source)
+
+
 def iter_records(path: Path) -> Iterator[tuple[str, Any]]:
     """``(where, record)`` pairs of a JSON array or JSON Lines file; ``where`` is ``line N`` or ``[i]``."""
     source = str(path)
     try:
         check_json_depth(path)
         with open(path, encoding="utf-8-sig") as f:
-            head = f.read(4096).lstrip()
-            if not head and not f.read(1):
-                raise ConfigError("the data file is empty", source=source)
+            head = first_text(f, source)
             f.seek(0)
-            if head.startswith("["):  # a JSON array (Alpaca's own alpaca_data.json)
+            if head == "[":  # a JSON array (Alpaca's own alpaca_data.json)
                 try:
                     data = json.load(f)
                 except json.JSONDecodeError as e:

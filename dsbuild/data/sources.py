@@ -19,7 +19,7 @@ import attrs
 from ..errors import ConfigError, Problem
 from ..files import check_json_depth
 from ..job.formats import DATA_SUFFIXES
-from .records import Checker, iter_records, json_lines_where
+from .records import first_text, iter_records, json_lines_where, read_records
 
 __all__ = ["SMALL", "Part", "Source", "load_source", "quiet"]
 
@@ -200,14 +200,12 @@ def _file(
     if builder in ("json", "csv"):
         try:
             with open(path, encoding="utf-8-sig") as f:
-                head = f.read(4096).lstrip()
-                if not head and not f.read(1).strip():
-                    raise ConfigError("the data file is empty", source=source)
+                head = first_text(f, source)
         except UnicodeDecodeError:
             raise ConfigError(Problem("", "not UTF-8 text", "save the data as UTF-8"), source=source) from None
         except OSError as e:
             raise ConfigError(f"cannot read the file: {e.strerror or e}", source=source) from None
-        kind = "indexed" if builder == "json" and head.startswith("[") else "jsonl"
+        kind = "indexed" if builder == "json" and head == "[" else "jsonl"
         if builder == "json":
             check_json_depth(path)  # pyarrow's JSON reader ends the process on deep nesting
     if builder == "csv":
@@ -226,14 +224,11 @@ def _file(
             dataset = datasets.load_dataset(builder, data_files=[source], split="train", cache_dir=cache_dir, **options)
     except Exception as e:  # datasets' builders raise many kinds of error for a file they cannot read
         if builder == "json":  # the stdlib reader names the line that is not JSON, or not an object
-            checker = Checker(fmt, columns or {}) if fmt is not None else None
-            wheres = []
-            for where, record in iter_records(path):
-                if checker is not None:
-                    wheres.append(where)
-                    checker.check(record)
-            if checker is not None:
-                checker.raise_if_bad(source, wheres.__getitem__)
+            if fmt is not None:
+                read_records(path, fmt, columns=columns)
+            else:
+                for _ in iter_records(path):
+                    pass
         raise ConfigError(f"datasets cannot read it as {builder}: {_first_line(e)}", source=source) from None
     name = str(path.relative_to(folder)) if path.is_relative_to(folder) else source
     return dataset, Part(name, kind, dataset.num_rows, path)

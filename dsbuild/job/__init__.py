@@ -8,7 +8,7 @@ A job file has five tables::
     [data]       path (a file, folder or hub id), format ("text" | "alpaca" | "messages" | "sharegpt"), max_length,
                  eval_path or eval_split, split, template, chat_template, [data.columns], packing,
                  train_on_prompt, num_proc
-    [training]   the Training fields (HF TrainingArguments names), plus eval_steps
+    [training]   the Training fields (HF TrainingArguments names)
     [strategy]   name = "deepspeed_train"; config = a preset name, a file, or an inline table;
                  [strategy.overrides] any ds_config keys, deep-merged over the config
     [launch]     nproc_per_node, nnodes, device_mapping ([0, 1], "0-15", "0,1,2", "list(range(0,16))"),

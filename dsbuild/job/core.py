@@ -44,8 +44,6 @@ class Job:
     launch: LaunchSpec
     config: Config
     """The strategy config completed for the run (see the module docstring); ``"auto"`` where the run fills it."""
-    eval_steps: int | None = None
-    """Evaluate every this many optimizer steps (default: at every checkpoint, and at the end)."""
     source: str | None = None
     """The job file, or ``None`` for a job built from a table."""
     description: str | None = None

@@ -198,12 +198,6 @@ class JobReader:
         data_spec = self.data(tables["data"]) if tables["data"] is not _BAD else None
         raw_training = dict(tables["training"])
         training = self.training(raw_training) if tables["training"] is not _BAD else None
-        # Training checks eval_steps (a count, or below 1 a fraction of the run); the job evaluates every count.
-        eval_steps = (
-            int(training.eval_steps)
-            if training is not None and training.eval_steps and training.eval_steps >= 1
-            else None
-        )
         strategy = self.strategy(tables["strategy"]) if tables["strategy"] is not _BAD else None
         launch = self.launch(tables["launch"]) if tables["launch"] is not _BAD else None
 
@@ -222,7 +216,6 @@ class JobReader:
             strategy=strategy,
             launch=launch,
             config=config,
-            eval_steps=eval_steps,
             source=self.source,
             description=description,
         )

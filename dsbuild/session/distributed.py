@@ -71,7 +71,8 @@ def init() -> None:
     from ..errors import SessionError
     from .cpu_features import install
 
-    stale = stale_locks(wait=5.0)
+    # Once per process, before its group exists (init is called again by each Session, and by the data barrier).
+    stale = stale_locks(wait=5.0) if not is_initialized() else []
     if stale:  # DeepSpeed would wait for them forever, silently
         paths = " ".join(str(p) for p in stale)
         raise SessionError(

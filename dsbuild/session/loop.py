@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from .. import manifest
 from ..errors import NonFiniteLossError, SessionError
-from ..training import Training
+from ..training import Training, steps_between
 from . import distributed
 from .batches import DataPosition, counts
 from .history import History
@@ -192,8 +192,7 @@ def _every(session: Trainable, name: str, target: int) -> int | None:
     """An interval in optimizer steps from a training argument (below 1: a fraction of the run); ``None`` without."""
     if session.training is None:
         return None
-    value = float(getattr(session.training, name))
-    return max(math.ceil(value * target), 1) if value < 1 else int(value)
+    return steps_between(float(getattr(session.training, name)), target)
 
 
 def _non_finite(session: Trainable, record: Mapping[str, Any], last: tuple[int, float] | None) -> NonFiniteLossError:

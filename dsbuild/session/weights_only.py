@@ -4,7 +4,7 @@ Every file DeepSpeed reads or writes for a checkpoint goes through its engine's 
 (``DeepSpeedEngine.checkpoint_engine``); ``install`` wraps DeepSpeed's default one in
 ``VerifyingCheckpointEngine``: ``save`` hashes what it writes (for the manifest), ``load`` uses
 ``torch.load(weights_only=True)`` with an allowlist of the few DeepSpeed classes its checkpoints
-hold (``SAFE_GLOBALS``) and checks the bytes against the manifest. A pickle planted in a
+hold (``safe_globals()``) and checks the bytes against the manifest. A pickle planted in a
 checkpoint is refused, naming the file and the global it asked for, and runs nothing. dsbuild's own
 state (RNG states, data position) is JSON (``rng_state``).
 """
@@ -31,7 +31,6 @@ from ..errors import CheckpointError
 from ..manifest import sha256_file
 
 __all__ = [
-    "SAFE_GLOBALS",
     "VerifyingCheckpointEngine",
     "decode_tensor",
     "encode_tensor",
@@ -49,15 +48,6 @@ def safe_globals() -> list[Any]:
     from deepspeed.utils.tensor_fragment import fragment_address
 
     return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
-
-
-SAFE_GLOBALS: Final = (
-    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
-    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
-    "deepspeed.runtime.zero.config.ZeroStageEnum",
-    "deepspeed.utils.tensor_fragment.fragment_address",
-)
-"""The names of ``safe_globals()``, for docs and messages."""
 
 
 class _HashingWriter:
@@ -130,7 +120,7 @@ class VerifyingCheckpointEngine:
             writer = _HashingWriter(f)
             try:
                 torch.save(state_dict, writer, _use_new_zipfile_serialization=self.inner.zipfile_serialization)  # type: ignore[arg-type]
-                # Not fsync'd (DeepSpeed does not either): the manifest, written last and fsync'd, holds each
+                # Not fsync'd (DeepSpeed does not either): the manifest, written last, holds each
                 # file's SHA-256, so a file a crash left short is found and the checkpoint skipped on resume.
             except (RuntimeError, OSError) as e:  # torch reports a full disk as "basic_ios::clear" / "failed writing"
                 if isinstance(e, OSError) and e.errno is not None:

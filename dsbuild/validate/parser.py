@@ -7,10 +7,11 @@ from typing import Any
 
 import attrs
 
-from ..config import NOT_KEYS, STRICT_SECTIONS, ConfigFields, Optimizer, Scheduler, in_strict_section
+from ..config import NOT_KEYS, ConfigFields, Optimizer, Scheduler, in_strict_section, strict_section
 from ..config.fields import describe, key_of
 from ..config.keys import IGNORED_KEY_HINT, unknown_key
 from ..config.optim import optimizer_params_class, scheduler_params_class
+from ..config.walk import leaves
 from ..convert import REMOVED_KEYS, to_dict
 from .catalogue import REMOVED_ZERO_KEYS
 from .facts import Diagnostic, Facts, is_table, known, rule
@@ -58,7 +59,7 @@ def unknown_keys(f: Facts) -> Iterator[Diagnostic]:
                 f"{what} takes no parameter {key!r}: DeepSpeed fails with a TypeError when it builds the {head}",
                 hint or "remove it",
             )
-        elif (strict := next((s for s in STRICT_SECTIONS if path.startswith(f"{s}.")), None)) is not None:
+        elif (strict := strict_section(path)) is not None:
             yield f.error(
                 path, f"unknown key: DeepSpeed refuses it ({strict} allows no other keys)", hint or "remove it"
             )
@@ -75,22 +76,15 @@ def written_as_text(f: Facts) -> Iterator[Diagnostic]:
     DeepSpeed's pydantic sections read it so (a warning); in a key DeepSpeed reads by hand it keeps the text and
     fails on it, or takes ``"false"`` for true (an error: the file as written does not run; what dsbuild writes
     does)."""
+    written = dict(leaves(to_dict(f.config))) if f.config.coerced else {}
     for path, original in f.config.coerced.items():
-        read = _value_at(f.config, path)
+        read = written.get(path)
         message = f"written as {describe(original)}, read as {describe(read)}"
         hint = f"write {describe(read)} (dsbuild export writes it so)"
         if in_strict_section(path) or not isinstance(original, str):
             yield f.warning(path, f"{message}, as DeepSpeed's parser reads it", hint)
         else:
             yield f.error(path, f"{message} by dsbuild, but DeepSpeed reads this key as written: the text", hint)
-
-
-def _value_at(config: ConfigFields, path: str) -> Any:
-    """The value at a dotted path of the config as written (the carried sections included)."""
-    node: Any = to_dict(config)
-    for part in path.split("."):
-        node = node.get(part) if isinstance(node, dict) else None
-    return node
 
 
 @rule("section-requirements")

@@ -309,6 +309,7 @@ def test_tokenizing_is_cached_across_processes(tmp_path: Path, tok: Any) -> None
     cache = tmp_path / "cache"
     first = loaded(path, tok, cache)
     files = sorted(str(p) for p in cache.rglob("*.arrow"))
+    assert len([f for f in files if Path(f).name.startswith("cache-")]) >= 2  # the check and tokenize maps wrote
     again = loaded(path, tok, cache)
     assert samples(again.train) == samples(first.train)
     script = (

@@ -705,9 +705,16 @@ def test_lone_surrogate_key_is_an_unknown_key_naming_the_file(tmp_path: Path) ->
 
 
 @posix_only
-def test_count_records_of_a_device_cannot_tell() -> None:
-    """Counting records reads through the same reader: a device is not read, and counts as unknown."""
+def test_count_records_of_a_device_cannot_tell(tmp_path: Path) -> None:
+    """Counting records reads through the same reader: a device or a FIFO is not read (a FIFO would wait for a
+    writer forever), and counts as unknown."""
     assert count_records(Path(os.devnull)) is None
+    fifo = tmp_path / "data.jsonl"
+    os.mkfifo(fifo)
+    with _within(5):
+        assert count_records(fifo) is None
+        with pytest.raises(ConfigError, match="is a named pipe"):
+            read_text(fifo, limit=DATA_FILES)
 
 
 def test_count_records_of_deeply_nested_json_is_none(tmp_path: Path) -> None:
