@@ -8,6 +8,7 @@ from ..extras import require
 
 require("dsbuild.Session")  # torch, deepspeed, transformers, peft: else the exact pip install
 
+from .building import ready_for_zero_init  # noqa: E402
 from .session import Session, SessionError, StepOutput  # noqa: E402
 
-__all__ = ["Session", "SessionError", "StepOutput"]
+__all__ = ["Session", "SessionError", "StepOutput", "ready_for_zero_init"]

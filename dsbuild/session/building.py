@@ -19,6 +19,7 @@ __all__ = [
     "enable_gradient_checkpointing",
     "lora_config",
     "pretrained_config",
+    "ready_for_zero_init",
     "zero3_scope",
 ]
 
@@ -48,6 +49,29 @@ def as_dtype(dtype: Any) -> Any:
     )
 
 
+# Modules that building an HF model imports lazily, and that break when first imported inside ``zero.Init``:
+# ``zero.Init`` replaces torch's tensor constructors, and ``torch._dynamo`` checks their signatures when it is first
+# imported (transformers >= 5.24 imports it from ``generation`` -> ``masking_utils`` while the model is built:
+# "TypeError: Signature mismatch ... new_tensor ... tensor_pynew"). Imported before ``zero.Init``, they are cached.
+_IMPORT_BEFORE_ZERO_INIT = ("torch._dynamo", "transformers.masking_utils", "transformers.generation")
+
+
+def ready_for_zero_init(model_config: Any = None) -> None:
+    """Import now what building a model imports lazily, so that it is not first imported inside ``zero.Init``.
+
+    Call it before ``with deepspeed.zero.Init(...)`` in your own code (``Session`` calls it itself). Given a
+    ``PretrainedConfig``, the module of the causal-LM class it maps to is imported as well.
+    """
+    for name in _IMPORT_BEFORE_ZERO_INIT:
+        with contextlib.suppress(ImportError):  # older transformers have no masking_utils
+            importlib.import_module(name)
+    if model_config is not None:
+        with contextlib.suppress(Exception):  # a config without a causal-LM class fails later, with HF's message
+            from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+            MODEL_FOR_CAUSAL_LM_MAPPING[type(model_config)]
+
+
 @contextlib.contextmanager
 def zero3_scope(ds_config: Mapping[str, Any]) -> Iterator[None]:
     """HF's ZeRO-3 switch, on only while the model is built.
@@ -62,6 +86,7 @@ def zero3_scope(ds_config: Mapping[str, Any]) -> Iterator[None]:
     if stage != 3:
         yield
         return
+    ready_for_zero_init()
     hf_ds: Any = importlib.import_module("transformers.integrations.deepspeed")
 
     previous = getattr(hf_ds, "_hf_deepspeed_config_weak_ref", None)
@@ -104,6 +129,8 @@ def build_model(
         kwargs["dtype"] = as_dtype(dtype)
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
+    if isinstance(source, PretrainedConfig):
+        ready_for_zero_init(source)
     with zero3_scope(ds_config):
         if isinstance(source, PretrainedConfig):
             if kwargs.get("dtype") == "auto":

@@ -32,6 +32,8 @@ LOAD = textwrap.dedent(
     cfg["checkpoint"] = {"load_universal": True}
     config = transformers.AutoConfig.from_pretrained(run + "/model")
     torch.manual_seed(123)  # weights unlike the run's until the checkpoint is loaded
+    from dsbuild.session import ready_for_zero_init
+    ready_for_zero_init(config)  # docs/session.md: transformers >= 5.24 imports torch._dynamo lazily, inside zero.Init
     with deepspeed.zero.Init(config_dict_or_path=cfg):
         model = transformers.AutoModelForCausalLM.from_config(config)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
