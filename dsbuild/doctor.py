@@ -23,25 +23,19 @@ import attrs
 
 from .build_locks import extensions_root, stale_locks
 from .config import AUTO, ConfigFields
-from .versions import installed, version_tuple
+from .tested import OLDEST, STACK, TESTED, known_bad, release_verdict
+from .versions import installed
 
-__all__ = ["MIN_VERSIONS", "Check", "DoctorReport", "needed_ops", "render_report", "report"]
+__all__ = ["Check", "DoctorReport", "needed_ops", "render_report", "report"]
 
 Status = Literal["ok", "warn", "fail"]
 
-MIN_VERSIONS: dict[str, str] = {
-    "deepspeed": "0.16",
-    "torch": "2.1",
-    "transformers": "4.46",
-    "peft": "0.13",
-}
-"""The oldest versions dsbuild's rules are written against (validation: DeepSpeed; resolution: transformers)."""
-
-_WHY = {
-    "deepspeed": "dsbuild's validation rules assume DeepSpeed >= 0.16",
-    "torch": "DeepSpeed and dsbuild need torch >= 2.1",
-    "transformers": 'dsbuild resolves "auto" as transformers >= 4.46 does; older releases fill some keys differently',
-    "peft": "dsbuild's LoRA support is written against peft >= 0.13",
+_PURPOSE = {
+    "deepspeed": "the engine",
+    "transformers": "HF models and Trainer-style resolution",
+    "peft": "LoRA",
+    "datasets": "a job's data",
+    "accelerate": "the HF Trainer",
 }
 
 # op name -> DeepSpeed op builder class name
@@ -101,22 +95,16 @@ class DoctorReport:
 def report(config: ConfigFields | None = None) -> DoctorReport:
     """Check the environment (and, given a config, what it needs); imports torch and DeepSpeed here."""
     checks: list[Check] = []
-    versions: dict[str, str | None] = {
-        name: _version(name) for name in ("dsbuild", "torch", "deepspeed", "transformers", "peft", "accelerate")
-    }
+    versions: dict[str, str | None] = {name: _version(name) for name in ("dsbuild", *STACK)}
     checks.append(Check("python", "ok", f"{platform.python_version()} ({sys.executable})"))
     checks.append(Check("dsbuild", "ok", versions["dsbuild"] or "not installed (running from a checkout)"))
 
     torch = _import("torch")
     checks.append(_torch_check(torch, versions["torch"]))
-    checks.append(_package_check("deepspeed", versions["deepspeed"], required=True))
-    for name in ("transformers", "peft"):
-        checks.append(_package_check(name, versions[name], required=False))
-    checks.append(
-        Check("accelerate", "ok", versions["accelerate"])
-        if versions["accelerate"]
-        else Check("accelerate", "warn", "not installed", "pip install accelerate (the HF Trainer needs it)")
-    )
+    for name in STACK[1:]:
+        checks.append(_package_check(name, versions[name], required=name == "deepspeed"))
+    for row in known_bad(versions):
+        checks.append(Check(f"known issue: {row.package} {versions[row.package]}", row.severity, row.what, row.fix))
 
     accelerator = None
     if torch is not None and versions["deepspeed"] is not None:
@@ -162,19 +150,30 @@ def _import(module: str) -> Any:
         return None
 
 
+def _too_old(name: str, version: str) -> str:
+    return f"{version}: older than {OLDEST[name]}, the oldest release dsbuild was tested with"
+
+
+def _against_tested(name: str, detail: str) -> str:
+    """``detail`` with where the installed release stands against the tested set."""
+    version = detail.split(" ", 1)[0]
+    if release_verdict(name, version) == "tested":
+        return f"{detail}, tested"
+    return f"{detail}, untested (the tested set has {TESTED[name]}; the oldest tested is {OLDEST[name]})"
+
+
 def _package_check(name: str, version: str | None, *, required: bool) -> Check:
-    minimum = MIN_VERSIONS[name]
+    minimum = OLDEST[name]
     install = f"pip install '{name}>={minimum}'"
     if version is None:
         if required:
             return Check(name, "fail", "not installed", install)
-        purpose = {"transformers": "HF models and Trainer-style resolution", "peft": "LoRA"}[name]
-        return Check(name, "warn", f"not installed (needed for {purpose})", install)
-    if version_tuple(version) < version_tuple(minimum):
+        return Check(name, "warn", f"not installed (needed for {_PURPOSE[name]})", install)
+    if release_verdict(name, version) == "too old":
         return Check(
-            name, "fail" if required else "warn", f"{version}: {_WHY[name]}", f"pip install -U '{name}>={minimum}'"
+            name, "fail" if required else "warn", _too_old(name, version), f"pip install -U '{name}>={minimum}'"
         )
-    return Check(name, "ok", version)
+    return Check(name, "ok", _against_tested(name, version))
 
 
 def _nvidia_gpu_present() -> bool:
@@ -188,8 +187,10 @@ def _torch_check(torch: Any, version: str | None) -> Check:
     cuda, hip = torch.version.cuda, getattr(torch.version, "hip", None)
     build = f"ROCm {hip} build" if hip else f"CUDA {cuda} build" if cuda else "CPU build"
     detail = f"{version} ({build})"
-    if version_tuple(version) < version_tuple(MIN_VERSIONS["torch"]):
-        return Check("torch", "fail", f"{detail}: {_WHY['torch']}", f"pip install -U 'torch>={MIN_VERSIONS['torch']}'")
+    if release_verdict("torch", version) == "too old":
+        return Check(
+            "torch", "fail", f"{_too_old('torch', version)} ({build})", f"pip install -U 'torch>={OLDEST['torch']}'"
+        )
     if not cuda and not hip and _nvidia_gpu_present():
         return Check(
             "torch",
@@ -206,7 +207,7 @@ def _torch_check(torch: Any, version: str | None) -> Check:
             + str(cuda)
             + ", or install a torch build for your driver",
         )
-    return Check("torch", "ok", detail)
+    return Check("torch", "ok", _against_tested("torch", detail))
 
 
 def _safe(fn: Callable[[], Any], default: Any) -> Any:

@@ -68,7 +68,6 @@ HF_NAMES_NOT_TAKEN: Final = frozenset(NOT_TAKEN) | frozenset(
         "accelerator_config",
         "activation_checkpointing_kwargs",
         "auto_find_batch_size",
-        "average_tokens_across_devices",
         "batch_eval_metrics",
         "data_seed",
         "dataloader_drop_last",
@@ -274,11 +273,15 @@ class Training:
     ``"none"``; default ``"none"`` (dsbuild then writes CSV under ``output_dir/logs``)."""
     gradient_checkpointing: bool = _arg(False, _BOOL)
     """Recompute activations in the backward pass (less memory, more compute); default false."""
+    average_tokens_across_devices: bool = _arg(True, _BOOL)
+    """Weight the loss by the trained tokens of the optimizer step summed over all processes, as the HF Trainer does
+    (``num_items_in_batch``); false: over this process's micro-batches only; default true."""
     dataloader_num_workers: int = _arg(0, Spec("int", ge=0, auto=False))
     """Worker processes of the training data loader; default 0 (load in the main process)."""
     given: frozenset[str] | None = attrs.field(default=None, eq=False, repr=False, converter=_names)
-    """The arguments the user set (a job's ``[training]`` keys); only these can disagree with a config's explicit
-    values, an unset one takes the config's value. ``None``: those that differ from HF's defaults."""
+    """The arguments the user set: the keywords of ``Training(...)``, a job's ``[training]`` keys, ``--set`` values,
+    a ``TrainingArguments``' attributes. Only these can disagree with a config's explicit values, as in the HF
+    Trainer; an unset one takes the config's value. Recorded when a ``Training`` is made (see ``_record_given``)."""
 
     def __attrs_post_init__(self) -> None:
         problems = _training_problems(self)
@@ -341,11 +344,27 @@ class Training:
         return {name: getattr(self, name) for name in _training_names()}
 
     def is_set(self, name: str) -> bool:
-        """Whether the user set argument ``name`` (``given``; without it, whether it differs from HF's default)."""
-        if self.given is not None:
-            return name in self.given
-        default = attrs.fields_dict(Training)[name].default
-        return bool(getattr(self, name) != default)
+        """Whether the user set argument ``name`` (it is in ``given``), whatever its value."""
+        return self.given is not None and name in self.given
+
+
+def _record_given(generated: Any) -> Any:
+    """``Training.__init__`` that records the keywords it was called with as ``given``.
+
+    attrs writes the typed ``__init__`` (mypy checks every keyword against it); a default cannot tell whether it
+    was passed, so the call's own keywords are the record: ``Training(adam_epsilon=1e-8)`` sets ``adam_epsilon``
+    although 1e-8 is HF's default, and conflicts with ``"eps": 1e-7`` as the HF Trainer does.
+    """
+
+    def __init__(self: Training, **arguments: Any) -> None:
+        given = arguments.pop("given", None)
+        generated(self, **arguments, given=frozenset(arguments) if given is None else given)
+
+    __init__.__doc__ = generated.__doc__
+    return __init__
+
+
+setattr(Training, "__init__", _record_given(Training.__init__))  # noqa: B010 - keeps attrs' typed signature for mypy
 
 
 @cache

@@ -11,7 +11,16 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from ..errors import SessionError
 
-__all__ = ["DataPosition", "as_float", "counts", "loader", "loss_of", "to_device"]
+__all__ = [
+    "DataPosition",
+    "accepts_loss_kwargs",
+    "as_float",
+    "counts",
+    "loader",
+    "loss_of",
+    "to_device",
+    "trained_tokens",
+]
 
 
 def loader(
@@ -151,6 +160,37 @@ def counts(batch: Any) -> tuple[int, int]:
         elif isinstance(batch.get("input_ids"), torch.Tensor):
             tokens = int(batch["input_ids"].numel())
     return samples, tokens
+
+
+def trained_tokens(batch: Any) -> int | None:
+    """The tokens a causal-LM loss trains on in ``batch``, as the HF Trainer counts them for ``num_items_in_batch``:
+    ``shift_labels`` other than -100 when the batch carries them, else ``labels[..., 1:]`` (the model shifts the
+    labels, so a row's first label is never a target); ``None`` when the batch has no labels."""
+    if not isinstance(batch, Mapping):
+        return None
+    labels = batch.get("shift_labels")
+    if not isinstance(labels, torch.Tensor):
+        labels = batch.get("labels")
+        if not isinstance(labels, torch.Tensor):
+            return None
+        labels = labels[..., 1:]
+    return int(labels.ne(-100).sum())
+
+
+def accepts_loss_kwargs(model: Any) -> bool:
+    """Whether ``model``'s forward takes ``num_items_in_batch`` (the HF Trainer's ``model_accepts_loss_kwargs``): the
+    model's own ``accepts_loss_kwargs`` when it says, else whether its forward takes ``**kwargs`` or the name."""
+    import inspect
+
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft model passes them on
+    said = getattr(inner, "accepts_loss_kwargs", None)
+    if isinstance(said, bool):
+        return said
+    try:
+        parameters = inspect.signature(inner.forward).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.kind is p.VAR_KEYWORD or p.name == "num_items_in_batch" for p in parameters)
 
 
 def as_float(value: Any) -> float | None:

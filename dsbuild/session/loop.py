@@ -42,7 +42,12 @@ class Trainable(Protocol):
     def data_loader(
         self, data: Any, batch_size: int, *, shuffle: bool, collate_fn: Callable[[list[Any]], Any] | None = None
     ) -> Any: ...
-    def step(self, batch: Any, loss_fn: Callable[[Any, Any], Any] | None = None) -> Any: ...
+    @property
+    def weights_by_tokens(self) -> bool: ...
+    @property
+    def world_size(self) -> int: ...
+    def items_in_step(self, micro_batches: Any) -> int | None: ...
+    def _step(self, batch: Any, loss_fn: Any, num_items: int | None, boundary: bool | None) -> Any: ...
     def evaluate(
         self,
         data: Any,
@@ -74,7 +79,8 @@ def fit(
     batches = len(loader)
     if batches == 0:
         raise SessionError("train_data is empty (no micro-batch for this process)")
-    per_epoch = max(batches // session.gradient_accumulation_steps, 1)
+    accumulation = session.gradient_accumulation_steps
+    per_epoch = math.ceil(batches / accumulation)  # the HF Trainer's: an epoch's last step takes what is left
     target = _target_steps(session, per_epoch, epochs, max_steps)
     engine = session.engine_for(target)
 
@@ -103,24 +109,33 @@ def fit(
         disable=not session.is_main_process,
         dynamic_ncols=True,
     )
-    window = [0.0, 0.0, 0.0, 0.0]  # loss sum, micro-batches, samples, tokens since the last optimizer step
+    by_tokens = loss_fn is None and session.weights_by_tokens
+    average = training.average_tokens_across_devices if training is not None else True
     started = time.perf_counter()
     try:
         while engine.global_steps < target:
             iterator = session.position.iterator(loader)
-            for batch in iterator:
-                samples, tokens = counts(batch)
-                out = session.step(batch, loss_fn=loss_fn)
-                session.position.batch_in_epoch += 1
-                window = [window[0] + out.loss, window[1] + 1, window[2] + samples, window[3] + tokens]
-                if not out.boundary:
-                    continue
-                loss_sum, micro, samples_sum, tokens_sum = distributed.all_sum(window, engine.device)
+            # One optimizer step per group of micro-batches, as the HF Trainer does: the group's trained tokens
+            # (over every process) weight its loss, and an epoch's last group may be shorter.
+            left = batches - session.position.batch_in_epoch
+            while left > 0 and engine.global_steps < target:
+                group = [next(iterator) for _ in range(min(accumulation, left))]
+                left -= len(group)
+                num_items = session.items_in_step(group) if by_tokens else None
+                window = [0.0, 0.0, 0.0]  # loss, samples, tokens of the step on this process
+                for i, batch in enumerate(group):
+                    samples, tokens = counts(batch)
+                    out = session._step(batch, loss_fn, num_items, i == len(group) - 1)
+                    session.position.batch_in_epoch += 1
+                    window = [window[0] + out.loss, window[1] + samples, window[2] + tokens]
+                loss_sum, samples_sum, tokens_sum = distributed.all_sum(window, engine.device)
+                # The HF Trainer's logged loss: the token-weighted step loss, or the mean of the micro-batch means.
+                shares = 1 if num_items is not None and average else session.world_size
                 elapsed = max(time.perf_counter() - started, 1e-9)
                 record = {
                     "step": out.global_step,
                     "epoch": session.position.epoch + session.position.batch_in_epoch / batches,
-                    "loss": loss_sum / max(micro, 1),
+                    "loss": loss_sum / (shares if num_items is not None else shares * len(group)),
                     "lr": out.lr,
                     "grad_norm": out.grad_norm,
                     "samples_per_sec": samples_sum / elapsed,
@@ -136,7 +151,6 @@ def fit(
                     kept.flush()
                 bar.update(1)
                 bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{out.lr or 0:.2e}")
-                window = [0.0, 0.0, 0.0, 0.0]
                 if eval_data is not None and eval_every and out.global_step % eval_every == 0:
                     kept.flush()
                     records.append(_evaluated(session, eval_data, collate_fn, loss_fn))
@@ -144,9 +158,7 @@ def fit(
                     kept.flush()
                     session.save_checkpoint()
                 started = time.perf_counter()
-                if engine.global_steps >= target:
-                    break
-            else:
+            if left == 0:
                 session.position.next_epoch()
                 if logging == "epoch" and last is not None:
                     session.write_events("Train", last)

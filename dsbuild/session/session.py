@@ -17,7 +17,7 @@ nothing. The engine itself is built on first use:
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +44,8 @@ class StepOutput:
     """What one ``Session.step`` (one micro-batch) did."""
 
     loss: float
-    """This micro-batch's loss on this process (not averaged over processes or accumulation)."""
+    """This micro-batch's loss on this process: its mean loss, or with ``num_items_in_batch`` its summed token loss
+    over that count (its share of the optimizer step's loss, before any scaling for the processes)."""
     boundary: bool
     """True when this micro-batch completed a gradient-accumulation cycle and the optimizer stepped."""
     lr: float | None
@@ -305,27 +306,75 @@ class Session:
 
     # -- one micro-batch -----------------------------------------------------------
 
-    def _forward_loss(self, engine: Any, batch: Any, loss_fn: Callable[[Any, Any], Any] | None) -> Any:
+    def _forward_loss(
+        self, engine: Any, batch: Any, loss_fn: Callable[[Any, Any], Any] | None, num_items: int | None = None
+    ) -> Any:
         if loss_fn is not None:
             return loss_of(loss_fn(engine, batch))
         args, kwargs = forward_arguments(batch)
         takes_batch(self._model, args, kwargs)
+        if num_items is not None:
+            kwargs["num_items_in_batch"] = num_items  # HF's loss: summed over tokens, divided by this count
         return loss_of(engine(*args, **kwargs))
 
-    def step(self, batch: Any, loss_fn: Callable[[Any, Any], Any] | None = None) -> StepOutput:
+    @property
+    def weights_by_tokens(self) -> bool:
+        """Whether ``fit`` weights the loss by the step's trained tokens (HF's ``num_items_in_batch``): the model's
+        forward takes the count (HF causal LMs, peft models of them) and no ``loss_fn`` replaces it."""
+        return batches.accepts_loss_kwargs(self._model)
+
+    def items_in_step(self, micro_batches: Sequence[Any]) -> int | None:
+        """The optimizer step's trained tokens, HF's ``num_items_in_batch``: labels other than -100 after the causal
+        shift, over ``micro_batches`` (the step's micro-batches on this process) and, with
+        ``training.average_tokens_across_devices`` (the default), summed over every process (then collective: every
+        process calls it). ``None`` when the batches carry no labels. Pass it to ``step``."""
+        counted = [batches.trained_tokens(b) for b in micro_batches]
+        if any(c is None for c in counted):
+            return None
+        total = sum(c for c in counted if c is not None)
+        if self._average_tokens and self.world_size > 1:
+            total = int(distributed.all_sum([float(total)], self.engine.device)[0])
+        return total
+
+    @property
+    def _average_tokens(self) -> bool:
+        return self.training.average_tokens_across_devices if self.training is not None else True
+
+    def step(
+        self, batch: Any, loss_fn: Callable[[Any, Any], Any] | None = None, *, num_items_in_batch: int | None = None
+    ) -> StepOutput:
         """One micro-batch: forward, backward, and the engine's step (an optimizer step at a boundary).
 
         A dict batch goes to ``model(**batch)`` and the output's ``.loss`` (or a scalar
         tensor output) is the loss; else ``loss_fn(model, batch)`` returns it, where
         ``model`` is the engine (call it like the model). Tensors move to the engine's device.
+
+        ``num_items_in_batch``: the optimizer step's trained-token count (``items_in_step``), for the HF Trainer's
+        loss: the model sums its token losses and divides by it (a ``loss_fn`` must do the same), the loss is
+        multiplied by the number of processes when the count is theirs together (DeepSpeed averages gradients over
+        them) and DeepSpeed does not divide it by the accumulation steps. Without it, each micro-batch's mean loss
+        is divided by the accumulation steps, as DeepSpeed does by default.
         """
+        return self._step(batch, loss_fn, num_items_in_batch, None)
+
+    def _step(
+        self, batch: Any, loss_fn: Callable[[Any, Any], Any] | None, num_items: int | None, boundary: bool | None
+    ) -> StepOutput:
+        """``step``; ``boundary`` given: this micro-batch ends the optimizer step or not, whatever DeepSpeed's count
+        says (the HF Trainer's last, shorter step of an epoch)."""
         engine = self.engine
         if not engine.module.training:
             engine.train()
         batch = to_device(batch, engine.device)
-        boundary = bool(engine.is_gradient_accumulation_boundary())
-        loss = self._forward_loss(engine, batch, loss_fn)
-        engine.backward(loss)
+        if boundary is None:
+            boundary = (engine.micro_steps + 1) % engine.gradient_accumulation_steps() == 0
+        engine.set_gradient_accumulation_boundary(boundary)
+        loss = self._forward_loss(engine, batch, loss_fn, num_items if loss_fn is None else None)
+        if num_items is None:
+            engine.backward(loss)
+        else:
+            scale = self.world_size if self._average_tokens else 1
+            engine.backward(loss * scale, scale_wrt_gas=False)
         lrs = engine.get_lr()
         lr = as_float(lrs[0]) if lrs else None  # the lr this optimizer step applies (the scheduler moves it after)
         engine.step()

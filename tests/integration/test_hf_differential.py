@@ -38,7 +38,7 @@ from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig, unset_
 AUTO = "auto"
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 HIDDEN_KEYS = ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold")
-EXAMPLES = settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+EXAMPLES = settings(max_examples=400, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 
 
 # -- what HF reads --------------------------------------------------------------------
@@ -261,6 +261,15 @@ def test_resolve_matches_the_hf_trainer(scenario: tuple[dict[str, Any], NS, NS, 
         )
     except ConfigError as error:
         resolved = error
+    # The same arguments typed as Python keywords (every one given, HF's defaults included) resolve the same.
+    keywords = Training(**{k: v for k, v in vars(args).items() if k not in ("world_size", "get_warmup_steps")})
+    try:
+        typed: Config | ConfigError = Config.from_dict(config).resolve(
+            world_size=args.world_size, training=keywords, model=model, total_steps=steps
+        )
+    except ConfigError as error:
+        typed = error
+    assert type(typed) is type(resolved) and str(typed) == str(resolved)
     extras, batch_ok = expected_extras(config, hf, args)
 
     if hf.hidden_error:
@@ -374,6 +383,34 @@ def test_the_hf_trainer_leaves_a_stage3_bucket_auto_below_stage_3() -> None:
     with pytest.raises(UnresolvedAutoError) as info:
         Config.from_dict(config).resolve(world_size=4, training=args, model=model, total_steps=1000)
     assert [p.path for p in info.value.problems] == ["zero_optimization.stage3_prefetch_bucket_size"]
+
+
+@pytest.mark.parametrize(
+    ("config", "keywords", "key"),
+    [
+        ({"optimizer": {"type": "AdamW", "params": {"eps": 1e-7}}}, {"adam_epsilon": 1e-8}, "optimizer.params.eps"),
+        ({"gradient_clipping": 2.0}, {"max_grad_norm": 1.0}, "gradient_clipping"),  # HF's test_hf_ds_config_mismatch
+        (
+            {"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}}},
+            {"warmup_steps": 0},
+            "scheduler.params.warmup_num_steps",
+        ),
+    ],
+)
+def test_an_explicit_argument_equal_to_hfs_default_conflicts_as_in_hf(
+    config: dict[str, Any], keywords: dict[str, Any], key: str
+) -> None:
+    """``Training(adam_epsilon=1e-8)`` is given although 1e-8 is HF's default: HF refuses the mismatch, so does
+    dsbuild; ``Training()`` without it defers to the config."""
+    config = {**config, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4}
+    args = _hf_args(**keywords)
+    hf = HfResult(config, args, NS(config=NS(hidden_size=64)), 100)
+    assert hf.mismatches == [key]
+    with pytest.raises(ConflictError) as info:
+        Config.from_dict(config).resolve(world_size=4, training=Training(**keywords), total_steps=100)
+    assert [p.path for p in info.value.problems] == [key]
+    resolved = Config.from_dict(config).resolve(world_size=4, training=Training(), total_steps=100)
+    assert Config.from_dict(config).to_dict().items() <= resolved.to_dict().items()  # the config's values kept
 
 
 def test_an_unset_accumulation_that_disagrees_is_a_conflict_only_in_dsbuild() -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from dsbuild import Config, doctor
 from dsbuild.doctor import Check, DoctorReport, needed_ops, render_report, report
+from dsbuild.tested import OLDEST, TESTED
 from dsbuild.versions import version_tuple
 
 
@@ -175,27 +176,50 @@ def test_needed_ops(config: Config, expected: dict[str, str]) -> None:
 # -- known-bad combinations -----------------------------------------------------------
 
 
-def test_old_deepspeed_fails_with_the_upgrade(monkeypatch: pytest.MonkeyPatch) -> None:
-    """DeepSpeed older than dsbuild's rules assume is a failure naming the upgrade."""
+def _faked(monkeypatch: pytest.MonkeyPatch, **versions: str) -> DoctorReport:
+    """``report()`` with the installed versions of ``versions`` faked where doctor reads them (package metadata)."""
     real = doctor._version
-    monkeypatch.setattr(doctor, "_version", lambda name: "0.15.4" if name == "deepspeed" else real(name))
-    check = report().check("deepspeed")
+    monkeypatch.setattr(doctor, "_version", lambda name: versions.get(name) or real(name))
+    return report()
+
+
+def test_old_deepspeed_fails_with_the_upgrade(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DeepSpeed older than the oldest tested release is a failure naming the upgrade."""
+    check = _faked(monkeypatch, deepspeed="0.15.4").check("deepspeed")
     assert check == Check(
         "deepspeed",
         "fail",
-        "0.15.4: dsbuild's validation rules assume DeepSpeed >= 0.16",
-        "pip install -U 'deepspeed>=0.16'",
+        f"0.15.4: older than {OLDEST['deepspeed']}, the oldest release dsbuild was tested with",
+        f"pip install -U 'deepspeed>={OLDEST['deepspeed']}'",
     )
 
 
 def test_old_transformers_warns(monkeypatch: pytest.MonkeyPatch) -> None:
-    """transformers older than 4.46 resolves "auto" differently: a warning with the upgrade."""
-    real = doctor._version
-    monkeypatch.setattr(doctor, "_version", lambda name: "4.40.2" if name == "transformers" else real(name))
-    r = report()
+    """transformers older than the oldest tested release: a warning with the upgrade (the config SDK still works)."""
+    r = _faked(monkeypatch, transformers="4.40.2")
     check = r.check("transformers")
-    assert check.status == "warn" and check.fix == "pip install -U 'transformers>=4.46'"
+    assert check.status == "warn" and check.fix == f"pip install -U 'transformers>={OLDEST['transformers']}'"
     assert r.ok
+
+
+def test_a_release_outside_the_tested_set_is_untested_not_broken(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A peft newer than the lock's is reported as untested, with the tested release, and is no problem."""
+    r = _faked(monkeypatch, peft="99.1.0")
+    assert r.check("peft") == Check(
+        "peft", "ok", f"99.1.0, untested (the tested set has {TESTED['peft']}; the oldest tested is {OLDEST['peft']})"
+    )
+    assert r.check("deepspeed").detail == f"{TESTED['deepspeed']}, tested"
+    assert r.ok
+
+
+def test_a_known_bad_release_is_named_with_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers 5.24 (zero.Init in your own code breaks) is flagged with what to call before zero.Init."""
+    r = _faked(monkeypatch, transformers="5.24.1")
+    check = r.check("known issue: transformers 5.24.1")
+    assert check.status == "warn" and "zero.Init" in check.detail
+    assert check.fix is not None and "ready_for_zero_init" in check.fix
+    assert "fix: call dsbuild.session.ready_for_zero_init" in render_report(r)
+    assert not [c for c in _faked(monkeypatch, transformers="5.23.0").checks if c.name.startswith("known issue")]
 
 
 def test_cpu_torch_on_a_gpu_machine_warns(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -25,6 +25,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "dsbuild.suggest",
         "dsbuild.atomic",
         "dsbuild.versions",
+        "dsbuild.tested",
         "dsbuild.version",
         "dsbuild.overrides",
         "dsbuild.compat",
