@@ -32,9 +32,9 @@ TESTED: Final[Mapping[str, str]] = {
 
 OLDEST: Final[Mapping[str, str]] = {
     "torch": "2.13",
-    "deepspeed": "0.19",
-    "transformers": "5.0",
-    "peft": "0.18",
+    "deepspeed": "0.19.8",
+    "transformers": "5.20",
+    "peft": "0.20",
     "datasets": "4.0",
     "accelerate": "1.10",
 }

@@ -48,17 +48,19 @@ def batches(tokenizer: Any, micro: int) -> list[dict[str, torch.Tensor]]:
 
 
 def train(s: Session, data: list[dict[str, torch.Tensor]], until: int, save_at: int | None = None) -> list[float]:
-    """The custom loop: one micro-batch per ``s.step``; the engine steps the optimizer at accumulation boundaries."""
+    """The custom loop: the step's micro-batches, their trained tokens counted (the HF Trainer's loss weighting),
+    one micro-batch per ``s.step``; the engine steps the optimizer at the last one."""
     losses: list[float] = []
-    micro = s.global_step * s.gradient_accumulation_steps  # where a resumed run picks up in the data
-    window: list[float] = []
+    accumulation = s.gradient_accumulation_steps
+    micro = s.global_step * accumulation  # where a resumed run picks up in the data
     while s.global_step < until:
-        out = s.step(data[micro % len(data)])
-        micro += 1
-        window.append(out.loss)
+        group = [data[(micro + i) % len(data)] for i in range(accumulation)]
+        micro += accumulation
+        n = s.items_in_step(group)  # trained tokens of the step, over every process
+        outs = [s.step(batch, num_items_in_batch=n) for batch in group]
+        out = outs[-1]
         if out.boundary:  # an optimizer step happened
-            losses.append(sum(window) / len(window))
-            window = []
+            losses.append(sum(o.loss for o in outs))  # each micro-batch's share of the step's token mean
             if s.is_main_process:
                 print(
                     f"  step {out.global_step}: loss {losses[-1]:.4f}  lr {out.lr:.2e}  grad norm {out.grad_norm or 0:.3f}"

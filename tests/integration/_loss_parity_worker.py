@@ -18,7 +18,7 @@ from typing import Any
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-import torch  # noqa: E402
+import torch
 
 MICRO = 2
 STEPS = 3

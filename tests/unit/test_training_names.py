@@ -9,6 +9,7 @@ import attrs
 import pytest
 
 from dsbuild import ConfigError, Training
+from dsbuild.tested import TESTED
 from dsbuild.training import HF_NAMES_NOT_TAKEN, NOT_TAKEN, REPORT_TO
 
 
@@ -19,7 +20,10 @@ def test_every_hf_name_is_taken_or_named_as_not_taken() -> None:
     hf = {f.name for f in dataclasses.fields(transformers.TrainingArguments) if f.init}
     ours = {a.name for a in attrs.fields(Training) if "training" in a.metadata}
     assert sorted(hf - ours - HF_NAMES_NOT_TAKEN) == []
-    assert sorted(HF_NAMES_NOT_TAKEN - hf) == ["logging_dir", "overwrite_output_dir"]  # HF 4 names, still pasted
+    older = HF_NAMES_NOT_TAKEN - hf  # HF 4 names, still pasted; with an older transformers, names it lacks too
+    assert {"logging_dir", "overwrite_output_dir"} <= older
+    if transformers.__version__ == TESTED["transformers"]:
+        assert sorted(older) == ["logging_dir", "overwrite_output_dir"]
     assert set(NOT_TAKEN) <= HF_NAMES_NOT_TAKEN
     assert ours - hf == {"warmup_ratio"}  # HF 4's spelling, still read
 
