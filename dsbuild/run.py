@@ -179,7 +179,7 @@ def _run_steps(job: Job, samples: int, world: int, pretrained: Any) -> int:
         raise ConfigError(
             Problem("data.path", f"{samples} samples make no micro-batch of {micro} for each of {world} processes")
         )
-    return max(math.ceil(job.training.num_train_epochs * max(batches // accum, 1)), 1)
+    return max(math.ceil(job.training.num_train_epochs * max(math.ceil(batches / accum), 1)), 1)
 
 
 # -- the run ------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from .suggest import did_you_mean
 
 __all__ = [
     "HF_NAMES_NOT_TAKEN",
+    "HF_SCHEDULERS",
     "NOT_TAKEN",
     "REPORT_TO",
     "SCHEDULER_TYPES",
@@ -153,6 +154,19 @@ SCHEDULER_TYPES: Final = (
     "greedy",
 )
 """HF's ``SchedulerType`` values (transformers 5), the choices of ``Training.lr_scheduler_type``."""
+
+
+HF_SCHEDULERS: Final = (
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "constant",
+    "constant_with_warmup",
+    "inverse_sqrt",
+)
+"""The ``lr_scheduler_type`` values that HF's ``get_scheduler`` builds from the warmup and the run's length alone:
+``Session`` and ``dsbuild train`` run the HF Trainer's own scheduler for them when the config has no scheduler."""
 
 
 class NoneValue:

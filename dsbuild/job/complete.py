@@ -1,7 +1,8 @@
 """Completing a job's run: its training arguments and ds_config, the way the HF Trainer completes them.
 
 The training arguments fill what the strategy config leaves unset (batch sizes, clipping, an AdamW
-optimizer, a scheduler for ``lr_scheduler_type``, bf16/fp16) as ``"auto"`` (the rows of ``hf_table``
+optimizer, bf16/fp16) as ``"auto"``; without a scheduler in the config, the run uses the HF Trainer's own for
+``lr_scheduler_type`` (``Session`` builds it), so the learning rate of every step is the Trainer's (the rows of ``hf_table``
 marked ``job_default``); a value the config sets explicitly is taken over by the training arguments the
 ``[training]`` table does not set (the rows' ``takes``), so a config and a table that each set a value once
 never disagree. Values set in both must agree (``Job.validate`` reports a conflict otherwise).
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 import attrs
 
@@ -19,34 +20,9 @@ from ..api import Config
 from ..config.walk import leaves
 from ..errors import ConfigError, InvalidValueError, Problem
 from ..hf_table import BATCH_KEYS, FILLS
-from ..training import Training
+from ..training import HF_SCHEDULERS, Training
 
-__all__ = ["SCHEDULERS", "complete"]
-
-_AUTO_WARMUP: Final = {"warmup_num_steps": "auto", "warmup_type": "linear"}
-
-
-_NO_SCHEDULER: Final[dict[str, Any]] = {}
-
-
-SCHEDULERS: Final[dict[str, dict[str, Any] | None]] = {
-    # HF's linear: linear warmup, then linear decay to 0 at the last step.
-    "linear": {
-        "type": "WarmupDecayLR",
-        "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto", "total_num_steps": "auto", **_AUTO_WARMUP},
-    },
-    # HF's cosine: linear warmup, then a half cosine down to 0.
-    "cosine": {
-        "type": "WarmupCosineLR",
-        "params": {"total_num_steps": "auto", "warmup_min_ratio": 0.0, "cos_min_ratio": 0.0, **_AUTO_WARMUP},
-    },
-    "constant_with_warmup": {
-        "type": "WarmupLR",
-        "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto", **_AUTO_WARMUP},
-    },
-    "constant": None,  # the optimizer's learning rate, unscheduled
-}
-"""A DeepSpeed scheduler for each HF ``lr_scheduler_type`` it can stand for (HF's own when the config has none)."""
+__all__ = ["complete"]
 
 
 def _get_path(d: Mapping[str, Any], dotted: str) -> Any:
@@ -106,24 +82,19 @@ def complete(config: Config, training: Training, *, explicit: set[str], name: st
     except InvalidValueError as e:
         raise ConfigError([p.prefixed("strategy.config") for p in e.problems]) from None
     _job_defaults(d, done)
-    if "scheduler" not in d:
-        scheduler = SCHEDULERS.get(done.lr_scheduler_type, _NO_SCHEDULER)
-        if scheduler is _NO_SCHEDULER:
-            raise ConfigError(
-                Problem(
-                    "training.lr_scheduler_type",
-                    f"{done.lr_scheduler_type!r} has no DeepSpeed scheduler to stand for it",
-                    f"use one of {', '.join(map(repr, SCHEDULERS))}, or set [strategy.overrides.scheduler]",
-                )
+    if "scheduler" not in d and done.lr_scheduler_type not in HF_SCHEDULERS:
+        raise ConfigError(
+            Problem(
+                "training.lr_scheduler_type",
+                f"{done.lr_scheduler_type!r} needs scheduler arguments dsbuild does not take",
+                f"use one of {', '.join(map(repr, HF_SCHEDULERS))}, or set [strategy.overrides.scheduler]",
             )
-        if scheduler is not None:
-            d["scheduler"] = scheduler
+        )
     completed = Config.from_dict(d)
     # explain() says where the added keys came from (resolve's own provenance wins for the "auto" ones).
     given = {path for path, _ in leaves(config.to_dict())}
     origins = {
         "optimizer": "job: the HF Trainer's AdamW (the strategy config has no optimizer)",
-        "scheduler": f"job: training.lr_scheduler_type {done.lr_scheduler_type!r} (the strategy config has no scheduler)",
     }
     provenance = {
         path: origins.get(path.split(".")[0], "job: filled from [training]")

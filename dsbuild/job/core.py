@@ -96,7 +96,7 @@ class Job:
         batches = math.ceil(math.ceil(records / world) / micro)
         if self.config.dataloader_drop_last:
             batches = math.ceil(records / world) // micro
-        per_epoch = max(batches // accum, 1)
+        per_epoch = max(math.ceil(batches / accum), 1)  # the HF Trainer: an epoch's last step takes what is left
         return max(math.ceil(self.training.num_train_epochs * per_epoch), 1)
 
     def _counted_steps(self, world_size: int | None) -> int | None:

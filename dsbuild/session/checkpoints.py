@@ -17,6 +17,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from .. import manifest
 from ..errors import CheckpointError
 from . import distributed, weights_only
@@ -97,6 +99,13 @@ def _reapply_lr(engine: Any) -> None:
     iteration = getattr(scheduler, "last_batch_iteration", None)
     if isinstance(iteration, int) and iteration >= 0:
         scheduler.step(iteration)
+    elif isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):  # the HF Trainer's own schedules
+        rates = [
+            base * fn(scheduler.last_epoch) for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)
+        ]
+        for group, rate in zip(scheduler.optimizer.param_groups, rates, strict=True):
+            group["lr"] = rate
+        scheduler._last_lr = rates
 
 
 def load(

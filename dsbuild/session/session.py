@@ -31,7 +31,15 @@ from ..training import Training
 from . import batches, building, checkpoints, distributed, export, loop, weights_only
 from .batches import as_float, counts, forward_arguments, loss_of, takes_batch, to_device
 from .export import lora_fingerprint, model_fingerprint
-from .setup import DEFAULT_SEED, as_config, hf_model_or_none, resolve_checked, seed_everything, with_default_monitor
+from .setup import (
+    DEFAULT_SEED,
+    as_config,
+    hf_model_or_none,
+    hf_scheduler,
+    resolve_checked,
+    seed_everything,
+    with_default_monitor,
+)
 
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
@@ -217,11 +225,22 @@ class Session:
         params = [p for p in self._model.parameters() if p.requires_grad]
         if not params:
             raise SessionError("the model has no trainable parameters (requires_grad is False everywhere)")
+        scheduler = self._lr_scheduler
+        # The schedule's length, as the HF Trainer takes it: the run's declared steps (total_steps=, else
+        # training.max_steps), else what fit counted; fit(max_steps=...) below that only stops early.
+        steps = self.total_steps
+        if steps is None and self.training is not None and self.training.max_steps > 0:
+            steps = self.training.max_steps
+        if steps is None:
+            steps = total_steps
+        if scheduler is None and "scheduler" not in ds_config and self.training is not None and steps is not None:
+            # No DeepSpeed scheduler: the HF Trainer's own, from lr_scheduler_type, as the Trainer adds it.
+            scheduler = hf_scheduler(self.training, steps)
         engine, _, _, _ = deepspeed.initialize(
             model=self._model,
             model_parameters=params if self._optimizer is None else None,
             optimizer=self._optimizer,
-            lr_scheduler=self._lr_scheduler,
+            lr_scheduler=scheduler,
             config=ds_config,
         )
         weights_only.install(engine)  # DeepSpeed's files: verified, and read with the weights-only unpickler

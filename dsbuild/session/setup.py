@@ -22,6 +22,7 @@ __all__ = [
     "PROBE_STEPS",
     "as_config",
     "hf_model_or_none",
+    "hf_scheduler",
     "resolve_checked",
     "seed_everything",
     "with_default_monitor",
@@ -105,6 +106,21 @@ def resolve_checked(
         known = False
     check(resolved, world_size=world_size, resolved=True)
     return resolved, known
+
+
+def hf_scheduler(training: Training, total_steps: int) -> Any:
+    """The HF Trainer's own scheduler for a config without one (``Trainer.create_scheduler``), as the callable
+    ``deepspeed.initialize`` takes: the learning rate of every step is the HF Trainer's, warmup 0 included."""
+    from transformers import get_scheduler
+
+    warmup = training.get_warmup_steps(total_steps)
+
+    def build(optimizer: Any) -> Any:
+        return get_scheduler(
+            training.lr_scheduler_type, optimizer, num_warmup_steps=warmup, num_training_steps=total_steps
+        )
+
+    return build
 
 
 def hf_model_or_none(model: Any) -> Any:

@@ -117,6 +117,7 @@ def run_dsbuild(data: Path, out: Path, accumulation: int, processes: int) -> Non
         learning_rate=LR,
         weight_decay=0.0,
         max_grad_norm=CLIP,
+        lr_scheduler_type="constant",
         max_steps=STEPS,
         seed=0,
     )
