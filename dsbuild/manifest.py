@@ -3,9 +3,9 @@
 A checkpoint is DeepSpeed's own folder (``save_dir/TAG/``: model and optimizer states) plus:
 
 - ``dsbuild_rank{R}.json`` per process: its data position and RNG states, as JSON (no pickle),
-  and the size and SHA-256 of every file that process wrote;
+  and the size and digest (XXH3-128; SHA-256 in older checkpoints) of every file that process wrote;
 - ``manifest.json``, written last by rank 0 once every process has written its files: the files
-  with their sizes and SHA-256, the versions that wrote them, and the facts that decide what the
+  with their sizes and digests, the versions that wrote them, and the facts that decide what the
   checkpoint means (world size, ZeRO stage, batch sizes, data, seed, model, LoRA);
 - ``latest`` (DeepSpeed's pointer) moves to the new tag only after its manifest is written.
 
@@ -38,6 +38,8 @@ from .version import VERSION
 from .versions import installed
 
 __all__ = [
+    "DIGEST",
+    "DIGESTS",
     "FORMAT",
     "LATEST",
     "MANIFEST",
@@ -46,8 +48,11 @@ __all__ = [
     "RunFacts",
     "candidates",
     "check_files",
+    "entry_digest",
     "expected_files",
+    "file_digest",
     "fingerprint",
+    "hasher",
     "last_complete",
     "list_checkpoints",
     "pick",
@@ -64,6 +69,15 @@ __all__ = [
 ]
 
 FORMAT: Final = "dsbuild-checkpoint/1"
+
+DIGESTS: Final = ("xxh3_128", "sha256")
+"""The digests a manifest entry may carry, each under its own name (``{"size": ..., "xxh3_128": ...}``): a manifest
+written before xxh3_128 (``sha256``) still verifies."""
+DIGEST: Final = "xxh3_128"
+"""What new checkpoints are hashed with. The manifest guards against damage (a truncated or partial copy, bit rot),
+not forgery: whoever can rewrite a file can rewrite the manifest beside it, and the weights-only load is the guard
+against code. XXH3-128 finds damage as surely as SHA-256 at many times its speed; ``Session(checkpoint_digest=
+"sha256")`` keeps SHA-256."""
 
 
 LATEST: Final = "latest"
@@ -157,20 +171,43 @@ def fingerprint(*parts: Any) -> str:
 # -- hashing ------------------------------------------------------------------------------------
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
+def hasher(algorithm: str) -> Any:
+    """A new ``hashlib``-style object (``update``, ``hexdigest``) for ``algorithm``, one of ``DIGESTS``."""
+    if algorithm == "xxh3_128":
+        import xxhash
+
+        return xxhash.xxh3_128()
+    if algorithm == "sha256":
+        return hashlib.sha256()
+    raise CheckpointError(f"unknown checkpoint digest {algorithm!r}: expected one of {', '.join(map(repr, DIGESTS))}")
+
+
+def file_digest(path: Path, algorithm: str = DIGEST) -> str:
+    digest = hasher(algorithm)
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):
             digest.update(chunk)
-    return digest.hexdigest()
+    return str(digest.hexdigest())
 
 
-def _hash_all(paths: Sequence[Path]) -> list[str]:
-    """SHA-256 of each file, several at once (hashlib releases the GIL)."""
+def sha256_file(path: Path) -> str:
+    return file_digest(path, "sha256")
+
+
+def entry_digest(entry: Mapping[str, Any]) -> tuple[str, Any]:
+    """``(algorithm, hex digest)`` of a manifest entry, by the first of ``DIGESTS`` it carries."""
+    for algorithm in DIGESTS:
+        if algorithm in entry:
+            return algorithm, entry[algorithm]
+    return DIGEST, None
+
+
+def _hash_all(paths: Sequence[Path], algorithms: Sequence[str]) -> list[str]:
+    """The digest of each file, several at once (both digests release the GIL)."""
     if len(paths) <= 1:
-        return [sha256_file(p) for p in paths]
+        return [file_digest(p, a) for p, a in zip(paths, algorithms, strict=True)]
     with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
-        return list(pool.map(sha256_file, paths))
+        return list(pool.map(file_digest, paths, algorithms))
 
 
 # -- the files --------------------------------------------------------------------------------------
@@ -204,25 +241,31 @@ def read_rank_state(tag_dir: Path, rank: int, manifest: Mapping[str, Any]) -> di
         raise CheckpointError(
             f"{path}: not in the manifest (was it saved by {manifest.get('run', {}).get('world_size')} processes?)"
         )
-    if sha256_file(path) != entry.get("sha256"):
-        raise CheckpointError(f"{path}: its contents differ from the manifest's SHA-256 (altered or damaged)")
+    algorithm, digest = entry_digest(entry)
+    if file_digest(path, algorithm) != digest:
+        raise CheckpointError(f"{path}: {_DIFFERS.format(algorithm=algorithm)}")
     return read_json(path)
 
 
-def write_manifest(tag_dir: Path, *, tag: str, step: int, world_size: int, facts: RunFacts) -> dict[str, Any]:
+_DIFFERS: Final = "its contents differ from the manifest's {algorithm} digest (altered or damaged)"
+
+
+def write_manifest(
+    tag_dir: Path, *, tag: str, step: int, world_size: int, facts: RunFacts, digest: str = DIGEST
+) -> dict[str, Any]:
     """Rank 0, after every rank has written: the manifest of ``tag_dir`` (hashes from the rank files), atomically."""
     files: dict[str, dict[str, Any]] = {}
     for rank in range(world_size):
         path = tag_dir / RANK_STATE.format(rank=rank)
         state = read_json(path)
-        files[path.name] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
-        for name, (size, digest) in state.get("files", {}).items():
-            files[name] = {"size": size, "sha256": digest}
+        files[path.name] = {"size": path.stat().st_size, digest: file_digest(path, digest)}
+        for name, entry in state.get("files", {}).items():
+            files[name] = dict(entry)
     # Anything else in the folder (written by DeepSpeed around its checkpoint engine) is hashed here.
     others = [p for p in sorted(tag_dir.rglob("*")) if p.is_file() and _rel(p, tag_dir) not in files]
     others = [p for p in others if p.name != MANIFEST and not p.name.startswith(".")]
-    for path, digest in zip(others, _hash_all(others), strict=True):
-        files[_rel(path, tag_dir)] = {"size": path.stat().st_size, "sha256": digest}
+    for path, hexdigest in zip(others, _hash_all(others, [digest] * len(others)), strict=True):
+        files[_rel(path, tag_dir)] = {"size": path.stat().st_size, digest: hexdigest}
     manifest = {
         "format": FORMAT,
         "tag": tag,
@@ -248,7 +291,7 @@ def read_manifest(tag_dir: Path) -> dict[str, Any]:
 
 
 def check_files(tag_dir: Path, manifest: Mapping[str, Any], *, hashes: bool) -> None:
-    """Every file of the manifest present with its size (and, with ``hashes``, its SHA-256); else name the first bad."""
+    """Every file of the manifest present with its size (and, with ``hashes``, its digest); else name the first bad."""
     entries = manifest["files"]
     paths = []
     for name, entry in entries.items():
@@ -262,15 +305,19 @@ def check_files(tag_dir: Path, manifest: Mapping[str, Any], *, hashes: bool) -> 
             raise CheckpointError(f"{path}: {size} bytes, the manifest says {entry.get('size')} (truncated or altered)")
         paths.append(path)
     if hashes:
-        for path, digest in zip(paths, _hash_all(paths), strict=True):
-            if digest != entries[_rel(path, tag_dir)].get("sha256"):
-                raise CheckpointError(f"{path}: its contents differ from the manifest's SHA-256 (altered or damaged)")
+        wanted = [entry_digest(entries[_rel(path, tag_dir)]) for path in paths]
+        for path, (algorithm, expected), found in zip(
+            paths, wanted, _hash_all(paths, [a for a, _ in wanted]), strict=True
+        ):
+            if found != expected:
+                raise CheckpointError(f"{path}: {_DIFFERS.format(algorithm=algorithm)}")
 
 
-def expected_files(tag_dir: Path, manifest: Mapping[str, Any]) -> dict[str, tuple[int, str]]:
-    """Absolute path -> (size, sha256) of the manifest's files, for ``VerifyingCheckpointEngine.expected``."""
+def expected_files(tag_dir: Path, manifest: Mapping[str, Any]) -> dict[str, tuple[int, str, str]]:
+    """Absolute path -> (size, algorithm, digest) of the manifest's files, for ``VerifyingCheckpointEngine``."""
     return {
-        str((tag_dir / name).resolve()): (entry["size"], entry["sha256"]) for name, entry in manifest["files"].items()
+        str((tag_dir / name).resolve()): (entry["size"], *entry_digest(entry))
+        for name, entry in manifest["files"].items()
     }
 
 

@@ -55,8 +55,8 @@ def save(
         )
         root = str(tag_dir.resolve())
         files = {
-            Path(path).relative_to(root).as_posix(): list(entry)
-            for path, entry in writer.written.items()
+            Path(path).relative_to(root).as_posix(): {"size": size, writer.digest: digest}
+            for path, (size, digest) in writer.written.items()
             if path.startswith(root + os.sep)
         }
         manifest.write_rank_state(tag_dir, rank, {**position, "rank": rank, "files": files})
@@ -66,7 +66,12 @@ def save(
     if main:
         try:
             manifest.write_manifest(
-                tag_dir, tag=tag, step=int(engine.global_steps), world_size=distributed.world_size(), facts=facts
+                tag_dir,
+                tag=tag,
+                step=int(engine.global_steps),
+                world_size=distributed.world_size(),
+                facts=facts,
+                digest=writer.digest,
             )
             manifest.write_latest(save_dir, tag)
         except OSError as e:

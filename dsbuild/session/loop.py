@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import math
+import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -16,6 +18,8 @@ from .batches import DataPosition, counts
 from .history import History
 
 __all__ = ["Trainable", "fit"]
+
+logger = logging.getLogger("dsbuild")
 
 
 class Trainable(Protocol):
@@ -101,14 +105,17 @@ def fit(
     records: list[dict[str, Any]] = []
     last: dict[str, Any] | None = None  # the latest optimizer step's record
     kept = History(session.history_path if session.is_main_process else None)
+    # A progress bar on a terminal; elsewhere (a cluster's log file) one plain line per logging step from rank 0.
+    plain = not sys.stderr.isatty()
     bar = tqdm(
         total=target,
         initial=min(engine.global_steps, target),
         desc="train",
         unit="step",
-        disable=not session.is_main_process,
+        disable=plain or not session.is_main_process,
         dynamic_ncols=True,
     )
+    run_started, first_step = time.perf_counter(), engine.global_steps
     by_tokens = loss_fn is None and session.weights_by_tokens
     average = training.average_tokens_across_devices if training is not None else True
     started = time.perf_counter()
@@ -149,6 +156,8 @@ def fit(
                 if (log_every and out.global_step % log_every == 0) or (log_first and out.global_step == 1):
                     session.write_events("Train", record)
                     kept.flush()
+                    if plain and session.is_main_process:
+                        logger.info(_progress_line(record, target, run_started, out.global_step - first_step))
                 bar.update(1)
                 bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{out.lr or 0:.2e}")
                 if eval_data is not None and eval_every and out.global_step % eval_every == 0:
@@ -179,6 +188,17 @@ def fit(
     if save_at_end and session.last_saved != f"global_step{engine.global_steps}":
         session.save_checkpoint()  # the end of training is always saved, as the HF Trainer does
     return records
+
+
+def _progress_line(record: Mapping[str, Any], target: int, started: float, done: int) -> str:
+    """``step 40/240  loss 1.2433  lr 2.65e-03  tokens/s 1830  eta 3m20s``: what a log file shows of a step."""
+    per_step = (time.perf_counter() - started) / max(done, 1)
+    eta = int(per_step * (target - record["step"]))
+    lr = f"{record['lr']:.2e}" if record.get("lr") is not None else "-"
+    return (
+        f"step {record['step']}/{target}  loss {record['loss']:.4f}  lr {lr}  "
+        f"tokens/s {record['tokens_per_sec']:.0f}  eta {eta // 60}m{eta % 60:02d}s"
+    )
 
 
 def _evaluated(session: Trainable, data: Any, collate_fn: Any, loss_fn: Any) -> dict[str, Any]:

@@ -81,7 +81,9 @@ class Session:
     batch of ``evaluate``; ``keep_last``: checkpoints kept (default
     ``training.save_total_limit``); ``data_fingerprint``: a digest of the training
     data, recorded in checkpoints so a resume on other data is refused;
-    ``terminate_on_nan``: stop ``fit`` at the first NaN or infinite loss (default).
+    ``terminate_on_nan``: stop ``fit`` at the first NaN or infinite loss (default);
+    ``checkpoint_digest``: what checkpoint files are hashed with in their manifest,
+    ``"xxh3_128"`` (default: finds damage as SHA-256 does, many times faster) or ``"sha256"``.
     """
 
     def __init__(
@@ -100,6 +102,7 @@ class Session:
         keep_last: int | None = None,
         data_fingerprint: str | None = None,
         terminate_on_nan: bool = True,
+        checkpoint_digest: str = manifest.DIGEST,
     ) -> None:
         self.training: Training | None = Training.of(training) if training is not None else None
         """The training arguments (a ``Training``), or ``None``."""
@@ -111,6 +114,12 @@ class Session:
         self.data_fingerprint = data_fingerprint
         """A digest of the training data, recorded in checkpoints (``None``: not compared on resume)."""
         self.terminate_on_nan = terminate_on_nan
+        if checkpoint_digest not in manifest.DIGESTS:
+            raise SessionError(
+                f"checkpoint_digest: got {checkpoint_digest!r}, expected one of {', '.join(map(repr, manifest.DIGESTS))}"
+            )
+        self.checkpoint_digest = checkpoint_digest
+        """What checkpoint files are hashed with in their manifest (``manifest.DIGESTS``)."""
         """``fit`` stops at the first NaN or infinite loss (``NonFiniteLossError``)."""
         self._model = model
         self._optimizer = optimizer
@@ -243,7 +252,7 @@ class Session:
             lr_scheduler=scheduler,
             config=ds_config,
         )
-        weights_only.install(engine)  # DeepSpeed's files: verified, and read with the weights-only unpickler
+        weights_only.install(engine, self.checkpoint_digest)  # DeepSpeed's files: verified, weights-only reads
         self._engine = engine
         return engine
 

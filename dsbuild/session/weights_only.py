@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import errno
-import hashlib
 import os
 import pickle
 import random
@@ -28,7 +27,7 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError
-from ..manifest import sha256_file
+from ..manifest import DIGEST, file_digest, hasher
 
 __all__ = [
     "VerifyingCheckpointEngine",
@@ -59,10 +58,10 @@ class _HashingWriter:
 
     _LARGE: Final = 2**20
 
-    def __init__(self, f: BinaryIO) -> None:
+    def __init__(self, f: BinaryIO, algorithm: str) -> None:
         self.f = f
         self.size = 0
-        self.digest = hashlib.sha256()
+        self.digest = hasher(algorithm)
 
     def write(self, data: bytes) -> int:
         self.size += len(data)
@@ -90,8 +89,8 @@ class _HashingWriter:
         self.f.flush()
 
     def finish(self) -> str:
-        """The SHA-256 of everything written."""
-        return self.digest.hexdigest()
+        """The digest of everything written."""
+        return str(self.digest.hexdigest())
 
 
 class VerifyingCheckpointEngine:
@@ -101,12 +100,14 @@ class VerifyingCheckpointEngine:
     ``load`` (``DeepSpeedEngine.checkpoint_engine``); everything else is passed through.
     """
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, digest: str = DIGEST) -> None:
         self.inner = inner
+        self.digest = digest
+        """What ``save`` hashes the files with (``manifest.DIGESTS``)."""
         self.written: dict[str, tuple[int, str]] = {}
-        """Absolute path -> (size, sha256) of each file ``save`` wrote since ``begin``."""
-        self.expected: dict[str, tuple[int, str]] | None = None
-        """Absolute path -> (size, sha256) the files ``load`` may read; ``None``: outside a verified load."""
+        """Absolute path -> (size, digest) of each file ``save`` wrote since ``begin``."""
+        self.expected: dict[str, tuple[int, str, str]] | None = None
+        """Absolute path -> (size, algorithm, digest) the files ``load`` may read; ``None``: outside a verified load."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -117,11 +118,11 @@ class VerifyingCheckpointEngine:
     def save(self, state_dict: Any, path: str) -> None:
         target = Path(path)
         with open(target, "wb") as f:
-            writer = _HashingWriter(f)
+            writer = _HashingWriter(f, self.digest)
             try:
                 torch.save(state_dict, writer, _use_new_zipfile_serialization=self.inner.zipfile_serialization)  # type: ignore[arg-type]
                 # Not fsync'd (DeepSpeed does not either): the manifest, written last, holds each
-                # file's SHA-256, so a file a crash left short is found and the checkpoint skipped on resume.
+                # file's digest, so a file a crash left short is found and the checkpoint skipped on resume.
             except (RuntimeError, OSError) as e:  # torch reports a full disk as "basic_ios::clear" / "failed writing"
                 if isinstance(e, OSError) and e.errno is not None:
                     raise OSError(e.errno, e.strerror, str(target)) from None
@@ -139,9 +140,10 @@ class VerifyingCheckpointEngine:
         if self.expected is not None and expected is None:
             raise CheckpointError(f"{target}: not in the checkpoint's manifest, so it is not loaded")
         result: list[str] = []
-        hasher = threading.Thread(target=lambda: result.append(sha256_file(target)))
+        algorithm = expected[1] if expected is not None else self.digest
+        hashing = threading.Thread(target=lambda: result.append(file_digest(target, algorithm)))
         if expected is not None:  # verified while torch reads it: the weights-only load runs nothing either way
-            hasher.start()
+            hashing.start()
         failure: CheckpointError | None = None
         try:
             with torch.serialization.safe_globals(safe_globals()):
@@ -152,10 +154,12 @@ class VerifyingCheckpointEngine:
             failure = CheckpointError(f"{target}: unreadable: {str(e).splitlines()[0]}")
         finally:
             if expected is not None:
-                hasher.join()
+                hashing.join()
         # A file that differs from its manifest is named so first: that, not how torch failed on it, is the news.
-        if expected is not None and (not result or result[0] != expected[1]):
-            raise CheckpointError(f"{target}: its contents differ from the manifest's SHA-256 (altered or damaged)")
+        if expected is not None and (not result or result[0] != expected[2]):
+            raise CheckpointError(
+                f"{target}: its contents differ from the manifest's {algorithm} digest (altered or damaged)"
+            )
         if failure is not None:
             raise failure
         return loaded
@@ -172,7 +176,7 @@ def _unsafe_global(error: Exception) -> str:
     return str(error).splitlines()[0]
 
 
-def install(engine: Any) -> VerifyingCheckpointEngine:
+def install(engine: Any, digest: str = DIGEST) -> VerifyingCheckpointEngine:
     """Put ``VerifyingCheckpointEngine`` around the engine's checkpoint engine (DeepSpeed's default one only)."""
     from deepspeed.runtime.checkpoint_engine import TorchCheckpointEngine
 
@@ -184,7 +188,7 @@ def install(engine: Any) -> VerifyingCheckpointEngine:
             f"the config selects DeepSpeed's {type(current).__name__} checkpoint engine; dsbuild verifies and loads "
             "checkpoints through the default one only (remove checkpoint.writer / the decoupled settings)"
         )
-    engine.checkpoint_engine = VerifyingCheckpointEngine(current)
+    engine.checkpoint_engine = VerifyingCheckpointEngine(current, digest)
     return engine.checkpoint_engine  # type: ignore[no-any-return]
 
 

@@ -328,7 +328,7 @@ def test_explain_a_job_says_where_each_value_came_from(capsys: pytest.CaptureFix
     assert rows["train_batch_size"].split()[1] == "8"
     assert rows["optimizer.params.lr"].endswith("training argument learning_rate")
     assert rows["optimizer.type"].endswith("job: the HF Trainer's AdamW (the strategy config has no optimizer)")
-    assert rows["scheduler.params.total_num_steps"].split()[1:] == ["10", "training", "argument", "max_steps"]
+    assert not [key for key in rows if key.startswith("scheduler")]  # the HF Trainer's own schedule runs
     assert f"preset zero2 in {job}" in rows["zero_optimization.stage"]
     code, out, _ = run(capsys, "explain", str(job), "--world-size", "4")
     assert {line.split()[0]: line.split()[1] for line in out.splitlines()}["train_batch_size"] == "16"

@@ -64,7 +64,8 @@ def forge_manifest(tag_dir: Path) -> None:
     found = json.loads((tag_dir / "manifest.json").read_text())
     for name in found["files"]:
         path = tag_dir / name
-        found["files"][name] = {"size": path.stat().st_size, "sha256": manifest.sha256_file(path)}
+        algorithm, _ = manifest.entry_digest(found["files"][name])
+        found["files"][name] = {"size": path.stat().st_size, algorithm: manifest.file_digest(path, algorithm)}
     (tag_dir / "manifest.json").write_text(json.dumps(found))
 
 
@@ -77,7 +78,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[float]
 
 
 def test_checkpoints_carry_a_manifest_and_json_state(trained: tuple[Path, list[float]]) -> None:
-    """Each checkpoint lists every file with size and SHA-256, the run's facts, and no pickle of dsbuild's own."""
+    """Each checkpoint lists every file with size and XXH3-128 digest, the run's facts, and no pickle of dsbuild's own."""
     out, _ = trained
     tag_dir = out / "checkpoints" / "global_step6"
     found = manifest.verify(tag_dir)
@@ -141,7 +142,7 @@ def test_a_truncated_file_falls_back_to_the_previous_checkpoint_and_resumes_exac
 def test_an_altered_file_of_the_same_size_is_caught_as_it_loads(
     trained: tuple[Path, list[float]], tmp_path: Path
 ) -> None:
-    """One flipped byte (the size unchanged): the SHA-256 read while loading catches it, and the older one loads."""
+    """One flipped byte (the size unchanged): the digest read while loading catches it, and the older one loads."""
     out = tmp_path / "run"
     session(out).fit(TokenData(12), max_steps=4)
     victim = next((out / "checkpoints" / "global_step4").glob("*model_states.pt"))
@@ -150,9 +151,9 @@ def test_an_altered_file_of_the_same_size_is_caught_as_it_loads(
     victim.write_bytes(bytes(data))
     position = session(out).load_checkpoint()
     assert position["tag"] == "global_step2"
-    assert "differ from the manifest's SHA-256" in position["skipped"][0]
+    assert "differ from the manifest's xxh3_128 digest" in position["skipped"][0]
     listed = {c.tag: c.problem for c in manifest.list_checkpoints(out / "checkpoints")}
-    assert listed["global_step2"] is None and "SHA-256" in str(listed["global_step4"])
+    assert listed["global_step2"] is None and "xxh3_128 digest" in str(listed["global_step4"])
 
 
 def test_a_resume_with_more_steps_uses_the_new_schedule_from_its_first_step(tmp_path: Path) -> None:
