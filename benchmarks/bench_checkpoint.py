@@ -66,7 +66,11 @@ def main() -> None:
     verifying = engine.checkpoint_engine  # dsbuild's (installed when the engine was built)
     plain = verifying.inner  # DeepSpeed's own TorchCheckpointEngine
     root = Path(tempfile.mkdtemp(prefix="bench_ckpt_", dir=args.dir))
-    samples: dict[str, list[dict[str, float]]] = {"DeepSpeed plain": [], "dsbuild verified": []}
+    samples: dict[str, list[dict[str, float]]] = {
+        "DeepSpeed plain": [],
+        "dsbuild verified": [],  # XXH3-128, the default
+        "dsbuild sha256": [],  # Session(checkpoint_digest="sha256")
+    }
     try:
         for i in range(args.rounds + 1):  # the first round warms up and is not counted
             for name in samples:
@@ -77,6 +81,7 @@ def main() -> None:
                     load = timed(lambda: engine.load_checkpoint(str(where), tag="t"))  # noqa: B023
                     engine.checkpoint_engine = verifying
                 else:
+                    verifying.digest = "sha256" if name == "dsbuild sha256" else "xxh3_128"
                     save = timed(lambda: session.save_checkpoint(where, tag="t"))  # noqa: B023
                     load = timed(lambda: session.load_checkpoint(where, tag="t"))  # noqa: B023
                 size = sum(p.stat().st_size for p in (where / "t").rglob("*") if p.is_file())
@@ -89,12 +94,14 @@ def main() -> None:
     medians = {
         n: {k: statistics.median(s[k] for s in runs) for k in ("save", "load", "total")} for n, runs in samples.items()
     }
-    ds, ours = medians["DeepSpeed plain"], medians["dsbuild verified"]
+    ds = medians["DeepSpeed plain"]
     print()
     for name, m in medians.items():
         print(f"{name:<18} save {m['save']:.3f} s  load {m['load']:.3f} s  save+load {m['total']:.3f} s")
-    print(f"ratio dsbuild / DeepSpeed: save {ours['save'] / ds['save']:.2f}, load {ours['load'] / ds['load']:.2f}, "
-          f"save+load {ours['total'] / ds['total']:.2f}")  # fmt: skip
+    for name in ("dsbuild verified", "dsbuild sha256"):
+        ours = medians[name]
+        print(f"ratio {name} / DeepSpeed: save {ours['save'] / ds['save']:.2f}, load {ours['load'] / ds['load']:.2f}, "
+              f"save+load {ours['total'] / ds['total']:.2f}")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps({"rounds": args.rounds, "samples": samples, "medians": medians}, indent=1))
 
