@@ -230,12 +230,14 @@ def prepare(job: Job, data: Datasets | None = None) -> Prepared:
     ``zero.Init`` at ZeRO-3, LoRA applied, gradient checkpointing on when asked.
     """
     from .data import collate
+    from .data.tokens import keep_trained_template
     from .session import Session, distributed
     from .session.building import pretrained_config
 
     source = model_source(job.model)
     pretrained = pretrained_config(source)
     tokenizer = build_tokenizer(job.model)
+    keep_trained_template(tokenizer, job.data.format, job.data.chat_template)  # saved with the model
     datasets = data if data is not None else _datasets(job, tokenizer)
     train, evaluation, note = datasets.train, datasets.evaluation, datasets.note
     total = _run_steps(job, len(train), distributed.world_size(), pretrained)

@@ -146,11 +146,14 @@ def data_problems(job: Job, *, tokenize: bool) -> list[Diagnostic]:
     from ..run import preflight
 
     try:
-        preflight(job) if tokenize else check(job.data)
+        if not tokenize:
+            check(job.data)
+            return []
+        made = preflight(job)
     except ConfigError as e:
         where = f"{e.source}: " if e.source else ""
         return [Diagnostic(p.path or "data.path", "error", where + p.message, p.hint) for p in e.problems]
-    return []
+    return [Diagnostic("data.max_length", "warning", cut) for cut in (made.cut if made is not None else ())]
 
 
 def as_diagnostics(e: ConfigError) -> list[Diagnostic]:

@@ -79,6 +79,9 @@ class Datasets:
     evaluation: Sequence[dict[str, list[int]]] | None
     note: str
     """What was cut, left out or packed, in numbers; ``""`` when nothing was."""
+    cut: tuple[str, ...] = ()
+    """One warning per split whose samples ``max_length`` cuts: they lose their end (the end-of-turn or EOS token
+    the model learns to stop from), with the ``max_length`` that keeps them all."""
 
 
 # -- checking ---------------------------------------------------------------------------------------------------
@@ -231,7 +234,7 @@ def _spread(values: Any) -> str:
     return f"{int(values.min())}/{int(np.median(values))}/{int(values.max())}"
 
 
-def _finish(dataset: Any, spec: DataSpec, name: str, key: str, what: str, notes: list[str]) -> Samples:
+def _finish(dataset: Any, spec: DataSpec, name: str, key: str, what: str, notes: list[str], cuts: list[str]) -> Samples:
     """The samples that have a token to train on (packed with ``data.packing``); what was cut goes to ``notes``."""
     import numpy as np
 
@@ -253,6 +256,11 @@ def _finish(dataset: Any, spec: DataSpec, name: str, key: str, what: str, notes:
         notes.append(
             f"{int(cut.sum())} of {len(length)} {what} samples cut at max_length {limit}, "
             f"by {_spread(over)} tokens (min/median/max; the longest is {int(length.max())})"
+        )
+        cuts.append(
+            f"{int(cut.sum())} of {len(length)} {what} samples are cut at max_length {limit} and lose their end "
+            f"(the end-of-turn or EOS token the model learns to stop from); max_length = {int(length.max())} keeps "
+            "them all"
         )
     if not keep.all():
         dropped = int((~keep).sum())
@@ -310,8 +318,9 @@ def load(spec: DataSpec, tokenizer: Any, *, seed: int = 42, cache_dir: str | Non
             )
         parts = train.train_test_split(test_size=spec.eval_split, seed=seed)
         train, evaluation = parts["train"], parts["test"]
-    train_samples = _finish(train, spec, train_source.name, "data.path", "training", notes)
+    cuts: list[str] = []
+    train_samples = _finish(train, spec, train_source.name, "data.path", "training", notes, cuts)
     eval_samples = (
-        _finish(evaluation, spec, eval_name, eval_key, "evaluation", notes) if evaluation is not None else None
+        _finish(evaluation, spec, eval_name, eval_key, "evaluation", notes, cuts) if evaluation is not None else None
     )
-    return Datasets(train_samples, eval_samples, "; ".join(notes))
+    return Datasets(train_samples, eval_samples, "; ".join(notes), tuple(cuts))

@@ -25,7 +25,17 @@ from ..errors import ConfigError, Problem
 from ..job.formats import CHAT_FORMATS, FALLBACK_CHAT_TEMPLATE, IGNORE_INDEX, TEMPLATES, TRAINED_ROLE
 from .records import Record, prompt_of
 
-__all__ = ["COLUMNS", "Encoding", "Tokenized", "Unusable", "chat_segments", "chat_template_of", "encode", "tokenize"]
+__all__ = [
+    "COLUMNS",
+    "Encoding",
+    "Tokenized",
+    "Unusable",
+    "chat_segments",
+    "chat_template_of",
+    "encode",
+    "keep_trained_template",
+    "tokenize",
+]
 
 COLUMNS: Final = ("input_ids", "labels", "length", "prompt_length", "trained", "problem")
 """What ``encode`` returns per sample: the ids and labels (cut at ``max_length``), the length before the cut,
@@ -69,6 +79,17 @@ def chat_template_of(tokenizer: Any, options: Encoding) -> str | None:
     if options.chat_template is not None:
         return options.chat_template
     return None if getattr(tokenizer, "chat_template", None) else FALLBACK_CHAT_TEMPLATE
+
+
+def keep_trained_template(tokenizer: Any, fmt: str, chat_template: str | None) -> None:
+    """Give ``tokenizer`` the chat template a job of format ``fmt`` trains with, so that the tokenizer saved beside
+    the model renders conversations as they were trained (``apply_chat_template`` works on the exported model, as
+    LLaMA-Factory and axolotl save theirs); text formats leave it as it is."""
+    if fmt not in CHAT_FORMATS:
+        return
+    template = chat_template_of(tokenizer, Encoding(fmt, 1, ("", ""), chat_template))
+    if template is not None:
+        tokenizer.chat_template = template
 
 
 def chat_segments(

@@ -144,3 +144,20 @@ def test_nproc_per_node_overrides_the_device_mapping(
     _, err = capsys.readouterr()
     assert code == 0, err
     assert "--nproc-per-node 1 overrides launch.device_mapping (2 devices)" in err
+
+
+def test_samples_cut_at_max_length_are_a_warning_with_the_length_that_keeps_them(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Samples longer than max_length lose their end (the EOS the model learns to stop from): validate says how many
+    and which max_length keeps them all, before launch; the job still passes (exit 0)."""
+    data = '{"text": "short"}\n' + '{"text": "' + "long " * 30 + '"}\n'
+    (tmp_path / "train.jsonl").write_text(data, encoding="utf-8")
+    job = tmp_path / "job.toml"
+    job.write_text(JOB.format(model=CONFIG).replace('format = "text"', 'format = "text"\nmax_length = 64'))
+    code = main(["validate", str(job)])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    line = next(line for line in out.splitlines() if "data.max_length" in line)
+    assert "1 of 2 training samples are cut at max_length 64 and lose their end" in line
+    assert "max_length = 151 keeps them all" in line  # 150 bytes and the EOS

@@ -28,6 +28,7 @@ from dsbuild import Config  # noqa: E402
 from dsbuild.data import collate, load  # noqa: E402
 from dsbuild.history import read as read_history  # noqa: E402
 from dsbuild.job import DataSpec  # noqa: E402
+from dsbuild.job.formats import FALLBACK_CHAT_TEMPLATE  # noqa: E402
 from dsbuild.session import Session  # noqa: E402
 from dsbuild.session.distributed import free_port  # noqa: E402
 
@@ -164,6 +165,13 @@ def test_a_packed_chat_job_with_a_held_out_split_trains_and_evaluates(tmp_path: 
     assert "18 training samples packed into" in done.stderr and "6 evaluation samples packed into" in done.stderr
     history = read_history(tmp_path / "run" / "history.jsonl")
     assert [h["step"] for h in history if h.get("eval_loss") is not None] == [2, 4]
+    # The exported tokenizer renders conversations with the template the job trained with (ByT5 has none).
+    exported = transformers.AutoTokenizer.from_pretrained(tmp_path / "run" / "model")
+    chat = [{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "4"}]
+    trained = transformers.ByT5Tokenizer().apply_chat_template(
+        chat, chat_template=FALLBACK_CHAT_TEMPLATE, tokenize=False
+    )
+    assert exported.apply_chat_template(chat, tokenize=False) == trained
 
 
 @pytest.mark.slow
