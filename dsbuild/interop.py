@@ -17,7 +17,7 @@ from .hf_table import ACCELERATE_FILLED, FILLS, Fill
 from .resolve import resolve
 from .training import Training
 
-__all__ = ["accelerate_config", "for_accelerate", "for_hf", "to_yaml", "zero_stage"]
+__all__ = ["accelerate_config", "for_accelerate", "for_hf", "to_yaml", "training_arguments", "zero_stage"]
 
 
 def _takes(section: Any, key: str) -> bool:
@@ -32,6 +32,20 @@ def _takes(section: Any, key: str) -> bool:
     if isinstance(params, Mapping):
         return key in params
     return params is not None and getattr(params, key, None) is not None
+
+
+def training_arguments(training: Training, *, deepspeed: str | None = None) -> dict[str, Any]:
+    """``training`` as keyword arguments of HF ``TrainingArguments`` (transformers 5): ``TrainingArguments(**it)``
+    runs the job's learning rate, warmup, schedule, batch sizes, precision, logging and saving, with ``deepspeed``
+    pointing at the exported ds_config. HF 4's ``warmup_ratio`` becomes HF 5's fractional ``warmup_steps``."""
+    values = training.to_dict()
+    ratio = values.pop("warmup_ratio")
+    if not values["warmup_steps"] and ratio:
+        values["warmup_steps"] = ratio
+    values["report_to"] = list(values["report_to"])
+    if deepspeed is not None:
+        values["deepspeed"] = deepspeed
+    return {name: value for name, value in values.items() if value is not None}
 
 
 def for_hf(config: Config) -> Config:

@@ -11,7 +11,7 @@ from ..atomic import write_atomic
 from ..errors import DsbuildError, UnresolvedAutoError
 from ..explain import explain, render_explanation
 from ..extras import require
-from ..interop import accelerate_config, for_hf, to_yaml, zero_stage
+from ..interop import accelerate_config, for_hf, to_yaml, training_arguments, zero_stage
 from ..presets import presets
 from ..schema import json_schema
 from ..validate import Diagnostic, validate
@@ -183,6 +183,13 @@ def _export(args: argparse.Namespace) -> int:
         out(f"wrote {output}, {ds_path}  (accelerate launch --config_file {output} your_script.py)")
         return 0
     written = config.to_json(output) if fmt == "json" else config.to_toml(output)
+    if args.consumer == "hf" and job is not None:
+        # The job's training arguments in the HF Trainer's names: TrainingArguments(**json.load(f)) runs as the job.
+        arguments = output.with_name(f"{output.stem}.training_args.json")
+        deepspeed = str(written) if fmt == "json" else None
+        write_atomic(arguments, json.dumps(training_arguments(job.training, deepspeed=deepspeed), indent=1) + "\n")
+        out(f"wrote {written}, {arguments}  (TrainingArguments(**json.load(open('{arguments}'))))")
+        return 0
     out(f"wrote {written}")
     return 0
 

@@ -351,6 +351,15 @@ def test_export_a_job_as_is_resolved_and_for_hf(capsys: pytest.CaptureFixture[st
     code, _, _ = run(capsys, "export", str(job), "--for", "hf", "-o", str(tmp_path / "hf.json"))
     assert code == 0
     assert json.loads((tmp_path / "hf.json").read_text()) == for_hf(loaded.config).to_dict()
+    # ... and the job's training arguments, by HF's names: TrainingArguments takes them as they are.
+    transformers = pytest.importorskip("transformers")
+    kwargs = json.loads((tmp_path / "hf.training_args.json").read_text())
+    hf_args = transformers.TrainingArguments(**{**kwargs, "deepspeed": None})
+    assert kwargs["deepspeed"] == str(tmp_path / "hf.json")
+    for name in ("learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps", "max_steps",
+                 "warmup_steps", "max_grad_norm", "bf16", "seed", "output_dir"):  # fmt: skip
+        assert getattr(hf_args, name) == getattr(loaded.training, name), name
+    assert hf_args.lr_scheduler_type.value == loaded.training.lr_scheduler_type
 
     code, _, err = run(capsys, "export", str(job), "--for", "hf", "--resolve", "-o", str(tmp_path / "x.json"))
     assert code == 2 and "use one or the other" in err
