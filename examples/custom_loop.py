@@ -47,12 +47,14 @@ def batches(tokenizer: Any, micro: int) -> list[dict[str, torch.Tensor]]:
     ]
 
 
-def train(s: Session, data: list[dict[str, torch.Tensor]], until: int, save_at: int | None = None) -> list[float]:
+def train(
+    s: Session, data: list[dict[str, torch.Tensor]], until: int, save_at: int | None = None, start: int = 0
+) -> list[float]:
     """The custom loop: the step's micro-batches, their trained tokens counted (the HF Trainer's loss weighting),
     one micro-batch per ``s.step``; the engine steps the optimizer at the last one."""
     losses: list[float] = []
     accumulation = s.gradient_accumulation_steps
-    micro = s.global_step * accumulation  # where a resumed run picks up in the data
+    micro = start  # where a resumed run picks up in the data: load_checkpoint()["micro_batches"]
     while s.global_step < until:
         group = [data[(micro + i) % len(data)] for i in range(accumulation)]
         micro += accumulation
@@ -122,10 +124,10 @@ def main() -> None:
     full = train(s, data, args.steps, save_at=half)
 
     resumed = session()
-    resumed.load_checkpoint()  # output_dir/checkpoints, the tag in 'latest'
+    position = resumed.load_checkpoint()  # output_dir/checkpoints, the tag in 'latest'
     if resumed.is_main_process:
-        print(f"resumed at step {resumed.global_step}:")
-    tail = train(resumed, data, args.steps)
+        print(f"resumed at step {resumed.global_step}, micro-batch {position['micro_batches']}:")
+    tail = train(resumed, data, args.steps, start=position["micro_batches"])
     # Equal up to float rounding: DeepSpeed's CPU Adam keeps its bias-correction powers in process-wide
     # state and recomputes them with pow() after a resume (bit-exact on GPUs' fused Adam).
     drift = max(abs(a - b) for a, b in zip(tail, full[half:], strict=True))

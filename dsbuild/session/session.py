@@ -589,7 +589,9 @@ class Session:
         are read with torch's weights-only unpickler: a checkpoint cannot run code. Load
         into a fresh session, before training (DeepSpeed cannot load ZeRO-3 states into an
         engine that has stepped). Returns the position: ``tag``, ``global_step``, ``epoch``,
-        ``batch_in_epoch``, and ``skipped`` (the damaged checkpoints passed over).
+        ``batch_in_epoch`` (where ``fit`` is in its data), ``micro_batches`` (the micro-batches this process
+        stepped: where a loop of your own that calls ``step`` once per micro-batch continues in its data), and
+        ``skipped`` (the damaged checkpoints passed over).
         """
         engine = self.engine
         name, state, skipped = checkpoints.load(
@@ -614,6 +616,7 @@ class Session:
             "global_step": int(state["global_step"]),
             "epoch": self.position.epoch,
             "batch_in_epoch": self.position.batch_in_epoch,
+            "micro_batches": engine.micro_steps,
             "skipped": skipped,
         }
 
