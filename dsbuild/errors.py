@@ -129,6 +129,18 @@ class NonFiniteLossError(SessionError):
     """The loss became NaN or infinite: the run stopped at that step (the message gives the last good checkpoint)."""
 
 
+class RunStopped(SessionError):
+    """A signal (SIGTERM, SIGUSR1: preemption, a time limit, ``kill``) stopped the run at the next optimizer step,
+    after every process saved a verified checkpoint there; ``dsbuild train --resume`` continues it."""
+
+    EXIT_CODE = 75
+    """What ``dsbuild train`` exits with (``EX_TEMPFAIL``: try again), so a script or Slurm can tell it apart."""
+
+    def __init__(self, message: str, checkpoint: str | None) -> None:
+        super().__init__(message)
+        self.checkpoint = checkpoint
+
+
 class OutputDirError(DsbuildError):
     """A run's output folder cannot be used as asked: it holds an earlier run, or another run holds its lock."""
 

@@ -7,16 +7,19 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Final
 
 import attrs
 
 from . import slurm
-from .errors import ConfigError
+from .errors import ConfigError, RunStopped
 from .job import Job
+from .manifest import last_complete
 
 __all__ = ["DEFAULT_MASTER_PORT", "Nodes", "device_env", "failure_report", "nodes", "torchrun", "torchrun_command"]
 
@@ -143,6 +146,10 @@ def nodes(
     return Nodes(nproc, count, rank, addr, port, origin, tuple(warnings))
 
 
+SHUTDOWN_SECONDS: Final = 300
+"""How long torchrun lets its workers save and stop after forwarding a signal before it kills them."""
+
+
 def torchrun_command(job_path: Path, nodes: Nodes, log_dir: Path, run_args: Sequence[str]) -> list[str]:
     """The torchrun command line that starts this node's ranks of ``python -m dsbuild.cli.rank JOB RUN_ARGS``."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nodes.nproc)]
@@ -154,6 +161,9 @@ def torchrun_command(job_path: Path, nodes: Nodes, log_dir: Path, run_args: Sequ
         cmd += ["--master-addr", nodes.master_addr or "127.0.0.1", "--master-port", str(port)]
     # Every rank's output goes to a file; rank 0 of the node is also shown here.
     cmd += ["--log-dir", str(log_dir), "--tee", "3", "--local-ranks-filter", "0"]
+    # SIGTERM and SIGUSR1 (Slurm's --signal, a pod's stop) reach every worker, which save at the next step and
+    # stop (exit 75); the workers get the time that takes before torchrun kills them.
+    cmd += ["--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1", "--shutdown-timeout", str(SHUTDOWN_SECONDS)]
     return [*cmd, "-m", "dsbuild.cli.rank", str(job_path), *run_args]
 
 
@@ -164,15 +174,43 @@ def torchrun(
     log_dir = job.output_dir / "logs" / "torchrun" / f"node{nodes.node_rank}"
     log_dir.mkdir(parents=True, exist_ok=True)
     before = {p.name for p in log_dir.iterdir()}
+    child = subprocess.Popen(torchrun_command(job_path, nodes, log_dir, run_args), env={**os.environ, **env})
+    # A signal to `dsbuild train` goes on to torchrun, which forwards it to the workers; this process waits for
+    # them all (and so holds the output folder's lock until the last is gone).
+    received: list[str] = []
+
+    def forward_signal(number: int, _: object) -> None:
+        received.append(signal.Signals(number).name)
+        child.send_signal(number)
+
+    forward = {number: signal.signal(number, forward_signal) for number in _FORWARDED}
     try:
-        code = subprocess.call(torchrun_command(job_path, nodes, log_dir, run_args), env={**os.environ, **env})
-    except KeyboardInterrupt:
+        code = _wait(child)
+    finally:
+        for number, handler in forward.items():
+            signal.signal(number, handler)
+    if received and code != 0:
+        saved = last_complete(job.output_dir / "checkpoints")
+        where = f"checkpoint {job.output_dir / 'checkpoints' / saved}" if saved else "no checkpoint"
+        return RunStopped.EXIT_CODE, [f"stopped by {received[0]}: {where} is the last verified one; --resume continues"]
+    if code == 130:
         return 130, []
     if code == 0:
         return 0, []
     runs = [p for p in log_dir.iterdir() if p.is_dir() and p.name not in before]
     newest = max(runs, key=lambda p: p.stat().st_mtime) if runs else None
     return code, [f"training failed: torchrun exited with {code}", *failure_report(newest)]
+
+
+_FORWARDED: Final = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+
+
+def _wait(child: subprocess.Popen[bytes]) -> int:
+    while True:
+        try:
+            return child.wait()
+        except KeyboardInterrupt:  # forwarded above; wait for the workers to stop
+            continue
 
 
 def failure_report(run_dir: Path | None, tail: int = 15) -> list[str]:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeAlias
 
-from ..errors import DsbuildError, NonFiniteLossError
+from ..errors import DsbuildError, NonFiniteLossError, RunStopped
 from ..version import VERSION
 from .common import Commands
 from .configs import add_explain, add_export, add_presets, add_schema, add_show, add_validate
@@ -76,6 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handler(args)
     except DsbuildError as e:
         report(e)
+        if isinstance(e, RunStopped):
+            return RunStopped.EXIT_CODE  # saved and stopped on a signal: --resume continues
         return 1 if isinstance(e, NonFiniteLossError) else 2  # a run that failed; else unusable input
     except BrokenPipeError:  # pragma: no cover - `dsbuild show x | head`
         # Python would complain again when flushing stdout at exit; point it at /dev/null.

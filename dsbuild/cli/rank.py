@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..errors import ConfigError, DsbuildError, NonFiniteLossError
+from ..errors import ConfigError, DsbuildError, NonFiniteLossError, RunStopped
 from ..job import demo_job_path, load_job
 from ..overrides import parse_set
 from ..run import run
@@ -59,6 +59,8 @@ def _main(argv: Sequence[str] | None) -> int:
         for problem in problems:
             error(f"rank {rank}: {escape(where)}{escape(str(problem))}")
         get_error_handler().record_exception(e)  # torchrun's summary names this rank and the error
+        if isinstance(e, RunStopped):
+            return RunStopped.EXIT_CODE
         return 1 if isinstance(e, NonFiniteLossError) else 2
     finally:
         import torch.distributed as dist

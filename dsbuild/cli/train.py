@@ -11,7 +11,7 @@ from pathlib import Path
 import attrs
 
 from .. import launch, output_dir, run
-from ..errors import ConfigError, OutputDirError
+from ..errors import ConfigError, OutputDirError, RunStopped
 from ..extras import require
 from ..job import demo_job_path, load_job
 from .common import Commands, job_sets, non_negative_int, port_number, positive_int
@@ -163,7 +163,8 @@ def _train(args: argparse.Namespace) -> int:
             run_args += ["--no-terminate-on-nan"] if args.no_terminate_on_nan else []
             code, report = launch.torchrun(job, path, nodes, run_args, env)
             for line in report:
-                print(line if line.startswith(" ") else f"dsbuild: error: {line}", file=sys.stderr)
+                say = "" if code == RunStopped.EXIT_CODE else "error: "
+                print(line if line.startswith(" ") else f"dsbuild: {say}{line}", file=sys.stderr)
             if code != 0:
                 return code
     if node_rank == 0:

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import logging
 import math
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
 from .. import manifest
-from ..errors import NonFiniteLossError, SessionError
+from ..errors import NonFiniteLossError, RunStopped, SessionError
 from ..training import Training, steps_between
 from . import distributed
 from .batches import DataPosition, counts
@@ -116,6 +118,7 @@ def fit(
         dynamic_ncols=True,
     )
     run_started, first_step = time.perf_counter(), engine.global_steps
+    stop = _StopSignals()  # SIGTERM / SIGUSR1: an agreed checkpoint at the next step, then RunStopped
     by_tokens = loss_fn is None and session.weights_by_tokens
     average = training.average_tokens_across_devices if training is not None else True
     started = time.perf_counter()
@@ -135,7 +138,10 @@ def fit(
                     out = session._step(batch, loss_fn, num_items, i == len(group) - 1)
                     session.position.batch_in_epoch += 1
                     window = [window[0] + out.loss, window[1] + samples, window[2] + tokens]
-                loss_sum, samples_sum, tokens_sum = distributed.all_sum(window, engine.device)
+                # One collective per step sums the step's numbers and whether any process was signalled.
+                loss_sum, samples_sum, tokens_sum, signalled = distributed.all_sum(
+                    [*window, float(stop.received is not None)], engine.device
+                )
                 # The HF Trainer's logged loss: the token-weighted step loss, or the mean of the micro-batch means.
                 shares = 1 if num_items is not None and average else session.world_size
                 elapsed = max(time.perf_counter() - started, 1e-9)
@@ -166,6 +172,9 @@ def fit(
                 if save_every and out.global_step % save_every == 0:
                     kept.flush()
                     session.save_checkpoint()
+                if signalled:
+                    kept.flush()
+                    raise _stopped(session, stop.received, out.global_step)
                 started = time.perf_counter()
             if left == 0:
                 session.position.next_epoch()
@@ -178,6 +187,7 @@ def fit(
                     kept.flush()
                     session.save_checkpoint()
     finally:
+        stop.restore()
         bar.close()
         kept.flush()
     evaluated_last = any(r.get("step") == engine.global_steps and "eval_loss" in r for r in records)
@@ -188,6 +198,42 @@ def fit(
     if save_at_end and session.last_saved != f"global_step{engine.global_steps}":
         session.save_checkpoint()  # the end of training is always saved, as the HF Trainer does
     return records
+
+
+class _StopSignals:
+    """SIGTERM and SIGUSR1 noted while ``fit`` runs (in the main thread), for the loop to act on at the next step;
+    the handlers in place before are put back when it ends."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        self.before: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for number in self.SIGNALS:
+                self.before[number] = signal.signal(number, self._note)
+
+    def _note(self, number: int, frame: Any) -> None:
+        self.received = signal.Signals(number).name
+
+    def restore(self) -> None:
+        for number, handler in self.before.items():
+            signal.signal(number, handler)
+
+
+def _stopped(session: Trainable, received: str | None, step: int) -> RunStopped:
+    """The agreed stop: every process saves the checkpoint of ``step`` (verified, with its manifest), then stops."""
+    why = f"{received} to this process" if received else "a signal to another process"
+    if session.output_dir is None:
+        return RunStopped(f"stopped at step {step} by {why}: no output directory, so no checkpoint was saved", None)
+    tag = f"global_step{step}"
+    if session.last_saved != tag:
+        session.save_checkpoint()
+    where = session.output_dir / "checkpoints" / tag
+    return RunStopped(
+        f"stopped at step {step} by {why}; checkpoint {where} saved and verified: dsbuild train --resume continues",
+        str(where),
+    )
 
 
 def _progress_line(record: Mapping[str, Any], target: int, started: float, done: int) -> str:

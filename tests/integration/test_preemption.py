@@ -1,0 +1,104 @@
+"""A signal does not lose the run: SIGTERM or SIGUSR1 (Slurm's time limit or preemption, a Kubernetes pod's stop,
+``kill``) makes every process save a verified checkpoint at the next optimizer step, and the run stops with exit 75
+(``EX_TEMPFAIL``); ``dsbuild train --resume`` continues with the uninterrupted run's losses."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("deepspeed")
+pytest.importorskip("transformers")
+
+from dsbuild import Config, Session, Training, manifest  # noqa: E402
+from dsbuild.errors import RunStopped  # noqa: E402
+from dsbuild.history import read as read_history  # noqa: E402
+
+
+def loss_fn(engine: Any, batch: Any) -> Any:
+    x, y = batch
+    return torch.nn.functional.mse_loss(engine(x), y)
+
+
+def test_sigusr1_in_fit_saves_the_next_step_and_stops(tmp_path: Path) -> None:
+    """A SIGUSR1 during step 2 of fit: checkpoint global_step2 is written and verifies, fit raises RunStopped."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    training = Training(max_steps=6, per_device_train_batch_size=2, save_steps=100, logging_steps=1)
+    s = Session(model, Config.zero(1).adamw(lr=1e-3).batch(micro=2), training=training, output_dir=tmp_path)
+    x = torch.randn(12, 4)
+    data = [(x[i : i + 2], x[i : i + 2].sum(dim=1, keepdim=True)) for i in range(0, 12, 2)]
+    calls = []
+
+    def signalled(engine: Any, batch: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGUSR1)  # what `scancel --signal=USR1` or Slurm's --signal sends
+        return loss_fn(engine, batch)
+
+    with pytest.raises(RunStopped) as info:
+        s.fit(data, loss_fn=signalled)
+    assert "stopped at step 2 by SIGUSR1 to this process" in str(info.value)
+    assert info.value.checkpoint == str(tmp_path / "checkpoints" / "global_step2")
+    assert manifest.verify(tmp_path / "checkpoints" / "global_step2")["global_step"] == 2
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL  # the handler in place before is back
+
+
+def _env() -> dict[str, str]:
+    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    return env
+
+
+def _losses(out: Path) -> dict[int, float]:
+    return {int(h["step"]): float(h["loss"]) for h in read_history(out / "history.jsonl") if h.get("loss") is not None}
+
+
+@pytest.mark.slow
+def test_sigterm_to_dsbuild_train_saves_exits_75_and_resumes_exactly(tmp_path: Path) -> None:
+    """The demo job, SIGTERM once step 3 is logged: exit 75, a verified checkpoint at the step it stopped, and
+    --resume gives the uninterrupted run's losses for the remaining steps."""
+    steps = ["--set=training.max_steps=10", "--set=training.save_steps=100", "--set=training.logging_steps=1"]
+    command = [sys.executable, "-m", "dsbuild", "train", *steps]
+    reference = tmp_path / "reference"
+    done = subprocess.run(
+        [*command, f"--set=training.output_dir={json.dumps(str(reference))}"],
+        capture_output=True, text=True, env=_env(), timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    out = tmp_path / "stopped"
+    run = subprocess.Popen(
+        [*command, f"--set=training.output_dir={json.dumps(str(out))}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+    )  # fmt: skip
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and len(_losses(out) if (out / "history.jsonl").exists() else {}) < 3:
+        time.sleep(0.2)
+    run.send_signal(signal.SIGTERM)
+    _, err = run.communicate(timeout=300)
+    assert run.returncode == RunStopped.EXIT_CODE, err[-3000:]
+    stopped_at = max(_losses(out))
+    assert stopped_at < 10 and f"stopped at step {stopped_at} by SIGTERM" in err
+    assert manifest.verify(out / "checkpoints" / f"global_step{stopped_at}")["global_step"] == stopped_at
+
+    resumed = subprocess.run(
+        [*command, "--resume", f"--set=training.output_dir={json.dumps(str(out))}"],
+        capture_output=True, text=True, env=_env(), timeout=600,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    expected, got = _losses(reference), _losses(out)
+    assert sorted(got) == list(range(1, 11))
+    assert [got[s] for s in range(stopped_at + 1, 11)] == pytest.approx(
+        [expected[s] for s in range(stopped_at + 1, 11)], rel=1e-5
+    )
