@@ -17,7 +17,16 @@ from .hf_table import ACCELERATE_FILLED, FILLS, Fill
 from .resolve import resolve
 from .training import Training
 
-__all__ = ["accelerate_config", "for_accelerate", "for_hf", "to_yaml", "training_arguments", "zero_stage"]
+__all__ = [
+    "DEEPSPEED_SCHEDULERS",
+    "accelerate_config",
+    "for_accelerate",
+    "for_hf",
+    "to_yaml",
+    "training_arguments",
+    "with_deepspeed_scheduler",
+    "zero_stage",
+]
 
 
 def _takes(section: Any, key: str) -> bool:
@@ -32,6 +41,36 @@ def _takes(section: Any, key: str) -> bool:
     if isinstance(params, Mapping):
         return key in params
     return params is not None and getattr(params, key, None) is not None
+
+
+_WARMUP: Final = {"warmup_num_steps": "auto", "warmup_type": "linear"}
+
+DEEPSPEED_SCHEDULERS: Final[Mapping[str, dict[str, Any]]] = {
+    "linear": {
+        "type": "WarmupDecayLR",
+        "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto", "total_num_steps": "auto", **_WARMUP},
+    },
+    "cosine": {
+        "type": "WarmupCosineLR",
+        "params": {"total_num_steps": "auto", "warmup_min_ratio": 0.0, "cos_min_ratio": 0.0, **_WARMUP},
+    },
+    "constant_with_warmup": {
+        "type": "WarmupLR",
+        "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto", **_WARMUP},
+    },
+}
+"""DeepSpeed's nearest scheduler for an HF ``lr_scheduler_type``, for a plain Accelerate loop: its
+``DummyScheduler`` needs one in the file (the HF Trainer and ``dsbuild train`` run HF's own instead)."""
+
+
+def with_deepspeed_scheduler(config: Config, lr_scheduler_type: str) -> Config:
+    """``config`` with DeepSpeed's scheduler for ``lr_scheduler_type`` when it has none and one stands for it."""
+    d = config.to_dict()
+    if "scheduler" in d or lr_scheduler_type not in DEEPSPEED_SCHEDULERS:
+        return config
+    return attrs.evolve(
+        Config.from_dict({**d, "scheduler": DEEPSPEED_SCHEDULERS[lr_scheduler_type]}), source=config.source
+    )
 
 
 def training_arguments(training: Training, *, deepspeed: str | None = None) -> dict[str, Any]:

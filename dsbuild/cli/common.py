@@ -17,7 +17,7 @@ from ..config.walk import leaves
 from ..deepspeed_verdict import deepspeed_verdict
 from ..errors import ConfigError, DsbuildError
 from ..extras import missing
-from ..interop import for_accelerate
+from ..interop import for_accelerate, with_deepspeed_scheduler
 from ..io import SUFFIXES, read_dict, read_table, to_config
 from ..job import Job, looks_like_job, read_job_dict
 from ..model import model_problems
@@ -364,7 +364,7 @@ def for_accelerate_of(args: argparse.Namespace, job: Job | None) -> Config:
         )
     try:
         return for_accelerate(
-            job.config,
+            with_deepspeed_scheduler(job.config, job.training.lr_scheduler_type),
             world_size=args.world_size or job.launch.world_size,
             training=job.training,
             hidden_size=hidden_size(args) or job.model.hidden_size,
