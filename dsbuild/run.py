@@ -128,8 +128,22 @@ def data_fingerprint(job: Job) -> str:
         "chat_template": spec.chat_template,
         "packing": spec.packing,
         "train_on_prompt": spec.train_on_prompt,
+        "assistant_only_loss": spec.assistant_only_loss,
+        "completion_only_loss": spec.completion_only_loss,
+        "packing_strategy": spec.packing_strategy,
+        "padding_free": spec.padding_free,
+        "eos_token": spec.eos_token,
     }
-    defaults = {"columns": {}, "split": "train", "packing": False, "train_on_prompt": False}
+    defaults = {
+        "columns": {},
+        "split": "train",
+        "packing": False,
+        "train_on_prompt": False,
+        "assistant_only_loss": True,
+        "completion_only_loss": True,
+        "packing_strategy": "bfd",
+        "padding_free": False,
+    }
     set_now = {key: value for key, value in more.items() if value != defaults.get(key)}
     if set_now:
         parts.append(set_now)
@@ -256,7 +270,7 @@ def prepare(job: Job, data: Datasets | None = None) -> Prepared:
         infer_batch_size=job.launch.infer_batch_size,
         data_fingerprint=data_fingerprint(job),
     )
-    collate_fn = functools.partial(collate, pad_token_id=pad or 0)
+    collate_fn = functools.partial(collate, pad_token_id=pad or 0, padding_free=job.data.padding_free)
     return Prepared(session, train, evaluation, collate_fn, total, note)
 
 

@@ -153,7 +153,12 @@ def data_problems(job: Job, *, tokenize: bool) -> list[Diagnostic]:
     except ConfigError as e:
         where = f"{e.source}: " if e.source else ""
         return [Diagnostic(p.path or "data.path", "error", where + p.message, p.hint) for p in e.problems]
-    return [Diagnostic("data.max_length", "warning", cut) for cut in (made.cut if made is not None else ())]
+    if made is None:
+        return []
+    found = [Diagnostic("data.max_length", "warning", cut) for cut in made.cut]
+    if made.stop:
+        found.append(Diagnostic("data.assistant_only_loss", "warning", made.stop))
+    return found
 
 
 def as_diagnostics(e: ConfigError) -> list[Diagnostic]:

@@ -1,4 +1,5 @@
-"""Batches of tensors from samples: ids padded on the right, padding kept out of attention and loss."""
+"""Batches of tensors from samples: ids padded on the right, padding kept out of attention and loss, and
+``position_ids`` in every batch (sequence parallelism shards the sequence and needs them)."""
 
 from __future__ import annotations
 
@@ -10,19 +11,39 @@ from ..job.formats import IGNORE_INDEX
 __all__ = ["collate"]
 
 
-def collate(samples: Sequence[Mapping[str, Sequence[int]]], pad_token_id: int = 0) -> dict[str, Any]:
+def collate(
+    samples: Sequence[Mapping[str, Sequence[int]]], pad_token_id: int = 0, *, padding_free: bool = False
+) -> dict[str, Any]:
     """A batch of tensors: ids padded on the right to the longest sample, padding masked out and left out of the loss.
 
-    Packed samples (with ``position_ids``) get no attention mask: the model reads the restarting positions as
-    sample boundaries, which it does only without a mask and without a cache (``use_cache=False``); the padding
-    is a sequence of its own.
+    Every batch has ``position_ids``: 0..n-1 per sample, or the packed samples' own. Packed samples get no
+    attention mask: the model reads the restarting positions as sample boundaries, which it does only without a
+    mask and without a cache (``use_cache=False``); the padding is a sequence of its own.
+
+    ``padding_free`` (TRL's): the batch as one row, its samples concatenated with restarting positions and the
+    first label of each sample ``-100`` (as TRL's collator does), no padding and no attention mask.
     """
     import torch
 
+    packed = "position_ids" in samples[0]
+    if padding_free:
+        ids_list: list[int] = []
+        label_list: list[int] = []
+        position_list: list[int] = []
+        for s in samples:
+            starts = list(s["position_ids"]) if packed else list(range(len(s["input_ids"])))
+            ids_list += s["input_ids"]
+            label_list += [IGNORE_INDEX if p == 0 else label for p, label in zip(starts, s["labels"], strict=True)]
+            position_list += starts
+        return {
+            "input_ids": torch.tensor([ids_list], dtype=torch.long),
+            "labels": torch.tensor([label_list], dtype=torch.long),
+            "position_ids": torch.tensor([position_list], dtype=torch.long),
+            "use_cache": False,
+        }
     longest = max(len(s["input_ids"]) for s in samples)
     ids = torch.full((len(samples), longest), pad_token_id, dtype=torch.long)
     labels = torch.full((len(samples), longest), IGNORE_INDEX, dtype=torch.long)
-    packed = "position_ids" in samples[0]
     mask = torch.zeros((len(samples), longest), dtype=torch.long)
     positions = torch.zeros((len(samples), longest), dtype=torch.long)
     for i, s in enumerate(samples):
@@ -33,6 +54,8 @@ def collate(samples: Sequence[Mapping[str, Sequence[int]]], pad_token_id: int = 
         if packed:
             positions[i, :n] = torch.tensor(s["position_ids"], dtype=torch.long)
             positions[i, n:] = torch.arange(longest - n)
+        else:
+            positions[i] = torch.arange(longest)
     if packed:
         return {"input_ids": ids, "labels": labels, "position_ids": positions, "use_cache": False}
-    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels, "position_ids": positions}

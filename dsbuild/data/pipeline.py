@@ -24,9 +24,12 @@ from ..suggest import did_you_mean
 from .packing import pack_columns
 from .records import Checker, Record, check_record, no_sample_left
 from .sources import SMALL, Source, load_source, quiet
-from .tokens import Encoding, Unusable, chat_segments, chat_template_of, encode
+from .tokens import Encoding, Unusable, chat_segments, chat_template_of, encode, stop_untrained
 
-__all__ = ["Datasets", "Samples", "check", "load"]
+__all__ = ["Datasets", "Samples", "check", "encoding", "load"]
+
+_OPTIONAL: Final = {"alpaca": ("input",), "tokenized": ("labels", "attention_mask")}
+"""Fields a format's records may leave out."""
 
 _BATCH: Final = 1000
 """Records per ``map`` batch (``datasets``' default): also the samples packing sees at once."""
@@ -82,6 +85,8 @@ class Datasets:
     cut: tuple[str, ...] = ()
     """One warning per split whose samples ``max_length`` cuts: they lose their end (the end-of-turn or EOS token
     the model learns to stop from), with the ``max_length`` that keeps them all."""
+    stop: str = ""
+    """TRL's warning when the chat template leaves the assistant's end-of-turn token untrained; ``""`` if not."""
 
 
 # -- checking ---------------------------------------------------------------------------------------------------
@@ -142,7 +147,7 @@ def _check(source: Source, spec: DataSpec, key: str) -> None:
         for _ in range(dataset.num_rows):
             checker.check({})
     extra = []
-    optional = {spec.field("input")} if spec.format == "alpaca" else set()
+    optional = {spec.field(name) for name in _OPTIONAL.get(spec.format, ())}
     for name in wanted:
         if name not in dataset.column_names and name not in optional and checker.bad:
             fields = ", ".join(map(repr, dataset.column_names)) or "none"
@@ -179,13 +184,29 @@ def encode_rows(
     return encode(records, tokenizer, options)
 
 
-def pack_rows(batch: Mapping[str, list[Any]], max_length: int) -> dict[str, list[list[int]]]:
+def pack_rows(batch: Mapping[str, list[Any]], max_length: int, strategy: str = "bfd") -> dict[str, list[list[int]]]:
     """``map``'s function for packing: a batch of samples as packed sequences."""
-    return pack_columns(batch, max_length)
+    return pack_columns(batch, max_length, strategy)
+
+
+def encoding(spec: DataSpec) -> Encoding:
+    """How the job's ``[data]`` turns records into samples."""
+    return Encoding(
+        spec.format,
+        spec.max_length,
+        spec.prompts(),
+        spec.chat_template,
+        spec.loss_on_assistant_only,
+        spec.loss_on_completion_only,
+        spec.eos_token,
+        cut=not (spec.packing and spec.packing_strategy != "bfd"),
+    )
 
 
 def _encoding(spec: DataSpec, tokenizer: Any) -> Encoding:
-    options = Encoding(spec.format, spec.max_length, spec.prompts(), spec.chat_template, spec.train_on_prompt)
+    options = encoding(spec)
+    if spec.eos_token is not None and tokenizer.convert_tokens_to_ids(spec.eos_token) in (None, tokenizer.unk_token_id):
+        raise ConfigError(Problem("data.eos_token", f"{spec.eos_token!r} is not a token of the tokenizer"))
     if spec.format in CHAT_FORMATS:  # a template that cannot render a plain exchange fails once, not per record
         probe = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
         try:
@@ -241,7 +262,7 @@ def _finish(dataset: Any, spec: DataSpec, name: str, key: str, what: str, notes:
     stats = dataset.select_columns(["length", "prompt_length", "trained"]).with_format("numpy")[:]
     length, prompt, trained = (np.asarray(stats[column]) for column in ("length", "prompt_length", "trained"))
     limit = spec.max_length
-    cut = length > limit
+    cut = length > limit if encoding(spec).cut else np.zeros(len(length), dtype=bool)
     keep = trained > 0
     if not keep.any():
         response = length - prompt
@@ -277,16 +298,17 @@ def _finish(dataset: Any, spec: DataSpec, name: str, key: str, what: str, notes:
                 pack_rows,
                 batched=True,
                 batch_size=_BATCH,
-                fn_kwargs={"max_length": limit},
+                fn_kwargs={"max_length": limit, "strategy": spec.packing_strategy},
                 remove_columns=dataset.column_names,
                 features=_features(["input_ids", "labels", "position_ids"]),
                 num_proc=_processes(spec),
                 desc=f"dsbuild: packing the {what} data",
             )
-        tokens = int(length[keep].clip(max=limit).sum())
+        kept = length[keep]
+        tokens = int(kept.clip(max=limit).sum() if spec.packing_strategy == "bfd" else kept.sum())
         notes.append(
-            f"{samples} {what} samples packed into {dataset.num_rows} sequences of up to {limit} tokens "
-            f"({tokens / (dataset.num_rows * limit):.0%} full)"
+            f"{samples} {what} samples packed ({spec.packing_strategy}) into {dataset.num_rows} sequences of up to "
+            f"{limit} tokens ({tokens / (dataset.num_rows * limit):.0%} full)"
         )
     return Samples(dataset)
 
@@ -323,4 +345,6 @@ def load(spec: DataSpec, tokenizer: Any, *, seed: int = 42, cache_dir: str | Non
     eval_samples = (
         _finish(evaluation, spec, eval_name, eval_key, "evaluation", notes, cuts) if evaluation is not None else None
     )
-    return Datasets(train_samples, eval_samples, "; ".join(notes), tuple(cuts))
+    return Datasets(
+        train_samples, eval_samples, "; ".join(notes), tuple(cuts), stop_untrained(tokenizer, options) or ""
+    )

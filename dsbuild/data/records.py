@@ -6,7 +6,11 @@ The shape of a checked record (``check_record``):
 - ``"text"``: ``{"text": str}``;
 - ``"alpaca"``: ``{"instruction": str, "input": str, "output": str}`` (a missing ``input`` is ``""``);
 - ``"messages"`` and ``"sharegpt"``: ``{"messages": [{"role": str, "content": str}, ...]}`` (ShareGPT's ``from``
-  values become chat roles).
+  values become chat roles);
+- ``"prompt_completion"``: ``{"prompt": str, "completion": str}``, or both lists of messages (TRL's
+  conversational prompt-completion);
+- ``"tokenized"``: ``{"input_ids": [int, ...], "labels": [int, ...]}`` (the ids as labels when the record has
+  none; an ``attention_mask`` is checked and left out, as TRL leaves it).
 
 ``[data.columns]`` gives a file's own names for the fields; messages name the file's fields.
 """
@@ -22,7 +26,7 @@ import attrs
 
 from ..errors import ConfigError, Problem
 from ..files import check_json_depth
-from ..job.formats import FORMATS, ROLES, SHAREGPT_ROLES, TEMPLATES, TRAINED_ROLE
+from ..job.formats import FORMATS, IGNORE_INDEX, ROLES, SHAREGPT_ROLES, TEMPLATES, TRAINED_ROLE
 
 __all__ = [
     "NOTHING_TO_LEARN",
@@ -73,37 +77,117 @@ def check_record(record: Any, fmt: str, columns: Mapping[str, str] | None = None
         if not out["output"]:
             return None, f"field {names.get('output', 'output')!r}: empty {NOTHING_TO_LEARN}"
         return out, None
+    if fmt == "prompt_completion":
+        return _check_prompt_completion(record, names)
+    if fmt == "tokenized":
+        return _check_tokenized(record, names)
     return _check_chat(record, fmt, names)
 
 
 def _check_chat(record: Mapping[str, Any], fmt: str, names: Mapping[str, str]) -> tuple[Record | None, str | None]:
     list_key, role_key, content_key = ("messages", "role", "content") if fmt == "messages" else ("conversations", "from", "value")  # fmt: skip
-    field, role_field, content_field = (names.get(k, k) for k in (list_key, role_key, content_key))
-    turns = record.get(field)
+    field = names.get(list_key, list_key)
+    known: Mapping[str, str] = SHAREGPT_ROLES if fmt == "sharegpt" else {r: r for r in ROLES}
+    what = "messages" if fmt == "messages" else "turns"
+    messages, problem = _turns(record.get(field), field, what, names.get(role_key, role_key), names.get(content_key, content_key), known)  # fmt: skip
+    if problem is not None:
+        return None, problem
+    if not any(m["role"] == TRAINED_ROLE and m["content"] for m in messages):
+        return None, f"field {field!r}: no assistant turn with content {NOTHING_TO_LEARN}"
+    return {"messages": messages}, None
+
+
+def _turns(
+    turns: Any, field: str, what: str, role_field: str, content_field: str, known: Mapping[str, str]
+) -> tuple[list[dict[str, str]], str | None]:
+    """The turns of a conversation as ``{"role", "content"}`` messages, or what is wrong with the first bad one."""
     if not isinstance(turns, list):
         got = "it is missing or null" if turns is None else f"got {_type(turns)}"
-        return None, f"field {field!r}: expected a list of {'messages' if fmt == 'messages' else 'turns'}, {got}"
+        return [], f"field {field!r}: expected a list of {what}, {got}"
     messages = []
     for i, turn in enumerate(turns):
         where = f"{field}[{i}]"
         if not isinstance(turn, Mapping):
-            return None, f"{where}: expected an object with {role_field!r} and {content_field!r}, got {_type(turn)}"
+            return [], f"{where}: expected an object with {role_field!r} and {content_field!r}, got {_type(turn)}"
         role = turn.get(role_field)
-        if fmt == "sharegpt":
-            known: Mapping[str, str] = SHAREGPT_ROLES
-        else:
-            known = {r: r for r in ROLES}
         if role not in known:
             got = "it is missing or null" if role is None else f"got {role!r}"
-            return None, f"{where}.{role_field}: {got}, expected one of {', '.join(map(repr, known))}"
+            return [], f"{where}.{role_field}: {got}, expected one of {', '.join(map(repr, known))}"
         content = turn.get(content_field)
         if not isinstance(content, str):
             got = "it is missing or null" if content is None else f"got {_type(content)}"
-            return None, f"{where}.{content_field}: expected a string, {got}"
+            return [], f"{where}.{content_field}: expected a string, {got}"
         messages.append({"role": known[str(role)], "content": content})
-    if not any(m["role"] == TRAINED_ROLE and m["content"] for m in messages):
-        return None, f"field {field!r}: no assistant turn with content {NOTHING_TO_LEARN}"
-    return {"messages": messages}, None
+    return messages, None
+
+
+def _check_prompt_completion(record: Mapping[str, Any], names: Mapping[str, str]) -> tuple[Record | None, str | None]:
+    """TRL's prompt-completion record: two strings (standard), or two lists of messages (conversational)."""
+    prompt_field, completion_field = names.get("prompt", "prompt"), names.get("completion", "completion")
+    prompt, completion = record.get(prompt_field), record.get(completion_field)
+    if isinstance(prompt, list) or isinstance(completion, list):
+        roles = {r: r for r in ROLES}
+        out: Record = {}
+        for key, field, value in (("prompt", prompt_field, prompt), ("completion", completion_field, completion)):
+            messages, problem = _turns(value, field, "messages", "role", "content", roles)
+            if problem is not None:
+                return None, problem
+            out[key] = messages
+        if not any(m["content"] for m in out["completion"]):
+            return None, f"field {completion_field!r}: no message with content {NOTHING_TO_LEARN}"
+        return out, None
+    text, problem = _string(record, prompt_field)
+    if problem is not None:
+        return None, problem
+    answer, problem = _string(record, completion_field)
+    if problem is not None:
+        return None, problem
+    if not answer:
+        return None, f"field {completion_field!r}: empty {NOTHING_TO_LEARN}"
+    return {"prompt": text, "completion": answer}, None
+
+
+def _ids(value: Any, field: str, allowed: str = "ids") -> tuple[list[int], str | None]:
+    if not isinstance(value, list):
+        got = "it is missing or null" if value is None else f"got {_type(value)}"
+        return [], f"field {field!r}: expected a list of integers, {got}"
+    for i, item in enumerate(value):
+        ok = isinstance(item, int) and not isinstance(item, bool)
+        if ok and allowed == "ids":
+            ok = item >= 0
+        elif ok and allowed == "labels":
+            ok = item >= 0 or item == IGNORE_INDEX
+        elif ok and allowed == "mask":
+            ok = item in (0, 1)
+        if not ok:
+            expected = {"ids": "a token id >= 0", "labels": "a token id >= 0 or -100", "mask": "0 or 1"}[allowed]
+            return [], f"{field}[{i}]: got {item!r}, expected {expected}"
+    return list(value), None
+
+
+def _check_tokenized(record: Mapping[str, Any], names: Mapping[str, str]) -> tuple[Record | None, str | None]:
+    """An already tokenized record: ``input_ids``, and ``labels`` / ``attention_mask`` of the same length if given."""
+    ids_field = names.get("input_ids", "input_ids")
+    ids, problem = _ids(record.get(ids_field), ids_field)
+    if problem is not None:
+        return None, problem
+    if not ids:
+        return None, f"field {ids_field!r}: empty {NOTHING_TO_LEARN}"
+    out: Record = {"input_ids": ids, "labels": ids}
+    for key, allowed in (("labels", "labels"), ("attention_mask", "mask")):
+        field = names.get(key, key)
+        if record.get(field) is None:
+            continue
+        values, problem = _ids(record[field], field, allowed)
+        if problem is not None:
+            return None, problem
+        if len(values) != len(ids):
+            return None, f"field {field!r}: {len(values)} values for {len(ids)} input_ids"
+        if key == "labels":
+            out["labels"] = values
+    if all(label == IGNORE_INDEX for label in out["labels"][1:]):
+        return None, f"field {names.get('labels', 'labels')!r}: no label to train on {NOTHING_TO_LEARN}"
+    return out, None
 
 
 def _string(record: Mapping[str, Any], field: str, *, required: bool = True) -> tuple[str, str | None]:

@@ -1,28 +1,34 @@
-"""Checked records as token ids for a causal LM, with labels that keep the loss on what is to be learnt.
+"""Checked records as token ids for a causal LM, with labels that keep the loss on what is to be learnt, as TRL's
+``SFTTrainer`` (1.16) prepares them:
 
-Each record becomes segments of text, each trained on or not, tokenized without special tokens and joined:
+- ``"text"``: the text and the end-of-sequence token (``data.eos_token``, else the tokenizer's; not added again
+  when the text ends with it), tokenized as the tokenizer tokenizes a text (its own special tokens included, a BOS
+  where it adds one), every token trained on;
+- ``"alpaca"`` and standard ``"prompt_completion"``: prompt + completion + EOS tokenized as one text; the tokens
+  it shares with the prompt tokenized alone are the prompt, not trained on (``completion_only_loss``);
+- chats (``"messages"``, ``"sharegpt"``, conversational ``"prompt_completion"``): the conversation rendered by
+  the chat template (``data.chat_template``, else the tokenizer's, else ``FALLBACK_CHAT_TEMPLATE``); what each
+  assistant turn adds is the assistant's (``assistant_only_loss``), and what the completion adds to the prompt
+  rendered with the generation prompt is the completion (``completion_only_loss``);
+- ``"tokenized"``: the record's ``input_ids`` and ``labels`` (the ids when it has none), as given.
 
-- ``"text"``: the text, trained on, then the tokenizer's end-of-sequence token;
-- ``"alpaca"``: the prompt (the template filled with instruction and input), not trained on, then the output and
-  the end-of-sequence token, trained on (so the model learns to stop);
-- chats: the conversation rendered by the chat template (``data.chat_template``, else the tokenizer's, else
-  ``FALLBACK_CHAT_TEMPLATE``); the text each assistant turn adds is trained on, the rest is not.
-
-Tokens not trained on get the label ``-100``, which HF models leave out of the loss; with ``train_on_prompt``
-every token is trained on. A sample longer than ``max_length`` is cut at the end. A causal LM predicts token
-``t`` from those before it, so the label at position 0 teaches nothing: a sample with no trained label after it
-is left out by the caller (``trained`` is 0), since a batch of such samples would make the loss NaN (0 / 0).
+Tokens not trained on get the label ``-100``, which HF models leave out of the loss. A sample longer than
+``max_length`` is cut at the end (unless packing splits or wraps it instead). A causal LM predicts token ``t``
+from those before it, so the label at position 0 teaches nothing: a sample with no trained label after it is
+left out by the caller (``trained`` is 0), since a batch of such samples would make the loss NaN (0 / 0).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
+from os.path import commonpath
 from typing import Any, Final
 
 import attrs
 
 from ..errors import ConfigError, Problem
-from ..job.formats import CHAT_FORMATS, FALLBACK_CHAT_TEMPLATE, IGNORE_INDEX, TEMPLATES, TRAINED_ROLE
+from ..job.formats import CHAT_FORMATS, FALLBACK_CHAT_TEMPLATE, IGNORE_INDEX, TEMPLATED_FORMATS, TEMPLATES, TRAINED_ROLE
 from .records import Record, prompt_of
 
 __all__ = [
@@ -34,6 +40,9 @@ __all__ = [
     "chat_template_of",
     "encode",
     "keep_trained_template",
+    "render",
+    "split_at",
+    "stop_untrained",
     "tokenize",
 ]
 
@@ -53,7 +62,14 @@ class Encoding:
     """The ``"alpaca"`` prompt templates: (without input, with input)."""
     chat_template: str | None = None
     """The chat template of conversations; ``None``: the tokenizer's, else ``FALLBACK_CHAT_TEMPLATE``."""
-    train_on_prompt: bool = False
+    assistant_only_loss: bool = True
+    """Conversations: the loss on what the assistant's turns add only."""
+    completion_only_loss: bool = True
+    """Prompt / completion and instruction records: the loss on the completion only."""
+    eos_token: str | None = None
+    """The token ending a text or completion; ``None``: the tokenizer's end-of-sequence token."""
+    cut: bool = True
+    """Cut samples at ``max_length``; off where packing splits or wraps overlong samples instead."""
 
 
 @attrs.frozen
@@ -84,12 +100,21 @@ def chat_template_of(tokenizer: Any, options: Encoding) -> str | None:
 def keep_trained_template(tokenizer: Any, fmt: str, chat_template: str | None) -> None:
     """Give ``tokenizer`` the chat template a job of format ``fmt`` trains with, so that the tokenizer saved beside
     the model renders conversations as they were trained (``apply_chat_template`` works on the exported model, as
-    LLaMA-Factory and axolotl save theirs); text formats leave it as it is."""
-    if fmt not in CHAT_FORMATS:
+    LLaMA-Factory and axolotl save theirs); text formats leave it as it is, and so do prompt / completion records
+    without a ``data.chat_template`` (they may be plain text)."""
+    if fmt not in CHAT_FORMATS and not (fmt in TEMPLATED_FORMATS and chat_template):
         return
     template = chat_template_of(tokenizer, Encoding(fmt, 1, ("", ""), chat_template))
     if template is not None:
         tokenizer.chat_template = template
+
+
+def render(tokenizer: Any, messages: Sequence[Mapping[str, str]], template: str | None, prompt: bool) -> str:
+    """A conversation as the chat template writes it (``prompt``: with the generation prompt after it)."""
+    text = tokenizer.apply_chat_template(
+        list(messages), chat_template=template, tokenize=False, add_generation_prompt=prompt
+    )
+    return str(text)
 
 
 def chat_segments(
@@ -103,20 +128,14 @@ def chat_segments(
     """
     from jinja2 import TemplateError
 
-    def render(part: Sequence[Mapping[str, str]], prompt: bool) -> str:
-        text = tokenizer.apply_chat_template(
-            list(part), chat_template=template, tokenize=False, add_generation_prompt=prompt
-        )
-        return str(text)
-
     segments: list[tuple[str, bool]] = []
     done = ""
     try:
         for i, message in enumerate(messages):
             if message["role"] != TRAINED_ROLE:
                 continue
-            before = render(messages[:i], True) if i else ""
-            after = render(messages[: i + 1], False)
+            before = render(tokenizer, messages[:i], template, True) if i else ""
+            after = render(tokenizer, messages[: i + 1], template, False)
             if not (before.startswith(done) and after.startswith(before)):
                 raise Unusable(
                     "the chat template renders earlier turns differently once a turn is added, so the assistant's "
@@ -124,7 +143,7 @@ def chat_segments(
                 )
             segments += [(before[len(done) :], False), (after[len(before) :], True)]
             done = after
-        whole = render(messages, False)
+        whole = render(tokenizer, messages, template, False)
     except (TemplateError, ValueError, TypeError) as e:
         raise Unusable(f"the chat template refuses it: {e}") from None
     if not whole.startswith(done):
@@ -133,18 +152,64 @@ def chat_segments(
     return [(text, trained) for text, trained in segments if text]
 
 
-def _segments(
-    record: Record, fmt: str, tokenizer: Any, options: Encoding, template: str | None
-) -> list[tuple[str, bool]]:
+def split_at(segments: Sequence[tuple[str, bool]], at: int) -> list[tuple[str, bool, bool]]:
+    """``(text, trained, after)`` segments: ``segments`` cut at character ``at``; ``after`` says which side."""
+    out: list[tuple[str, bool, bool]] = []
+    start = 0
+    for text, trained in segments:
+        end = start + len(text)
+        if start < at < end:
+            out += [(text[: at - start], trained, False), (text[at - start :], trained, True)]
+        else:
+            out.append((text, trained, start >= at))
+        start = end
+    return out
+
+
+Plan = tuple[str, Any, Any]
+"""How one record is tokenized: ``("chat", segments, None)``, ``("text", prompt or None, text)`` or
+``("ids", input_ids, labels)``."""
+
+
+def _plan(record: Record, tokenizer: Any, options: Encoding, template: str | None, eos: str | None) -> Plan:
+    fmt = options.fmt
+
+    def ended(text: str) -> str:  # TRL's add_eos
+        return text + eos if eos and not text.endswith(eos) else text
+
+    if fmt == "tokenized":
+        return "ids", record["input_ids"], record["labels"]
     if fmt == "text":
-        return [(record["text"], True)]
+        return "text", None, ended(record["text"])
     if fmt == "alpaca":
-        return [(prompt_of(record, options.prompts), False), (record["output"], True)]
-    return chat_segments(record["messages"], tokenizer, template)
+        prompt = prompt_of(record, options.prompts)
+        return "text", prompt, prompt + ended(record["output"])
+    if fmt == "prompt_completion" and isinstance(record["prompt"], str):
+        return "text", record["prompt"], record["prompt"] + ended(record["completion"])
+    if fmt == "prompt_completion":
+        segments = chat_segments([*record["prompt"], *record["completion"]], tokenizer, template)
+        from jinja2 import TemplateError
+
+        try:
+            prompt = render(tokenizer, record["prompt"], template, True)
+        except (TemplateError, ValueError, TypeError) as e:
+            raise Unusable(f"the chat template refuses it: {e}") from None
+        whole = "".join(text for text, _ in segments)
+        at = len(prompt) if whole.startswith(prompt) else len(commonpath([prompt, whole]))
+        trained = [
+            (text, (after or not options.completion_only_loss) and (assistant or not options.assistant_only_loss))
+            for text, assistant, after in split_at(segments, at)
+        ]
+        return "chat", [(text, bool(flag)) for text, flag in trained if text], None
+    segments = chat_segments(record["messages"], tokenizer, template)
+    if not options.assistant_only_loss:
+        segments = [(text, True) for text, _ in segments]
+    return "chat", segments, None
 
 
-def _token_ids(tokenizer: Any, texts: list[str]) -> list[list[int]]:
-    """The ids of each text, without special tokens, in one call: a fast tokenizer encodes the list in parallel.
+def _token_ids(tokenizer: Any, texts: list[str], special: bool) -> list[list[int]]:
+    """The ids of each text (``special``: with the tokenizer's own special tokens, as calling it on a text adds
+    them), in one call: a fast tokenizer encodes the list in parallel.
 
     A fast tokenizer's own ``encode_batch`` gives the ids calling the tokenizer gives, without the attention
     masks and the dict per text that ``__call__`` builds (a fifth of the time of tokenizing); the first text of
@@ -152,66 +217,104 @@ def _token_ids(tokenizer: Any, texts: list[str]) -> list[list[int]]:
     """
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None and hasattr(backend, "encode_batch"):
-        fast = [list(encoding.ids) for encoding in backend.encode_batch(texts, add_special_tokens=False)]
-        if fast[0] == list(tokenizer(texts[:1], add_special_tokens=False)["input_ids"][0]):
+        fast = [list(encoding.ids) for encoding in backend.encode_batch(texts, add_special_tokens=special)]
+        if fast[0] == list(tokenizer(texts[:1], add_special_tokens=special)["input_ids"][0]):
             return fast
-    ids: list[list[int]] = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    with warnings.catch_warnings():  # T5's "This sequence already has </s>": the EOS is added as TRL adds it
+        warnings.filterwarnings("ignore", message="This sequence already has")
+        ids: list[list[int]] = tokenizer(texts, add_special_tokens=special)["input_ids"]
     return ids
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Leading ids ``a`` and ``b`` share (TRL's ``common_prefix_length``)."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def encode(records: Sequence[Record | None], tokenizer: Any, options: Encoding) -> dict[str, list[Any]]:
     """The ``COLUMNS`` of checked records (``None``: a record already refused, which gives an empty sample)."""
-    chat = options.fmt in CHAT_FORMATS
-    template = chat_template_of(tokenizer, options) if chat else None
-    eos = tokenizer.eos_token_id
-    tail = [eos] if eos is not None and not chat else []  # a chat template ends its turns its own way
-    parts: list[list[tuple[str, bool]] | str] = []
+    template = chat_template_of(tokenizer, options) if options.fmt in TEMPLATED_FORMATS else None
+    eos = options.eos_token if options.eos_token is not None else getattr(tokenizer, "eos_token", None)
+    plans: list[Plan | str] = []
+    chat_texts: list[str] = []
     texts: list[str] = []
     for record in records:
         if record is None:
-            parts.append("refused")
+            plans.append("refused")
             continue
         try:
-            segments = _segments(record, options.fmt, tokenizer, options, template)
+            plan = _plan(record, tokenizer, options, template, eos)
         except Unusable as e:
-            parts.append(str(e))
+            plans.append(str(e))
             continue
-        parts.append(segments)
-        texts += [text for text, _ in segments]
-    ids_of = iter(_token_ids(tokenizer, texts) if texts else [])
+        plans.append(plan)
+        if plan[0] == "chat":
+            chat_texts += [text for text, _ in plan[1]]
+        elif plan[0] == "text":
+            texts += [text for text in plan[1:] if text is not None]
+    chat_ids = iter(_token_ids(tokenizer, chat_texts, special=False) if chat_texts else [])
+    text_ids = iter(_token_ids(tokenizer, texts, special=True) if texts else [])
     out: dict[str, list[Any]] = {name: [] for name in COLUMNS}
-    for part in parts:
+    for planned in plans:
         ids: list[int] = []
         labels: list[int] = []
-        prompt: int | None = None  # tokens before the first trained one
         problem = ""
-        if isinstance(part, str):
-            problem = part
-        else:
-            for _, trained in part:
-                tokens = list(next(ids_of))
-                if trained or options.train_on_prompt:
-                    if prompt is None and tokens:
-                        prompt = len(ids)
-                    labels += tokens
-                else:
-                    labels += [IGNORE_INDEX] * len(tokens)
+        step: Plan = ("", None, None) if isinstance(planned, str) else planned
+        if isinstance(planned, str):
+            problem = planned
+        elif step[0] == "chat":
+            for _, trained in step[1]:
+                tokens = list(next(chat_ids))
                 ids += tokens
-            if tail and prompt is None:
-                prompt = len(ids)
-            ids += tail
-            labels += tail
+                labels += tokens if trained else [IGNORE_INDEX] * len(tokens)
+        elif step[0] == "text":
+            prompt = list(next(text_ids)) if step[1] is not None else None
+            ids = list(next(text_ids))
+            shared = _common_prefix(prompt, ids) if prompt is not None and options.completion_only_loss else 0
+            labels = [IGNORE_INDEX] * shared + ids[shared:]
+        else:
+            ids, labels = list(step[1]), list(step[2])
         length = len(ids)
-        if length > options.max_length:
+        first = next((i for i, label in enumerate(labels) if label != IGNORE_INDEX), length)
+        if options.cut and length > options.max_length:
             ids, labels = ids[: options.max_length], labels[: options.max_length]
         out["input_ids"].append(ids)
         out["labels"].append(labels)
         out["length"].append(length)
-        out["prompt_length"].append(length if prompt is None else prompt)
+        out["prompt_length"].append(first)
         # Trained labels after position 0 (a label there teaches nothing: no token comes before it).
         out["trained"].append(len(labels) - (labels[0] != IGNORE_INDEX if labels else 0) - labels.count(IGNORE_INDEX))
         out["problem"].append(problem)
     return out
+
+
+def stop_untrained(tokenizer: Any, options: Encoding) -> str | None:
+    """TRL's warning, where it applies: the chat template leaves the assistant turn's end-of-turn out of what is
+    trained, so the model never learns to stop (``None`` when it does not, or nothing is masked)."""
+    if options.fmt not in TEMPLATED_FORMATS or not options.assistant_only_loss:
+        return None
+    probe = [
+        {"role": "user", "content": "dummy"},
+        {"role": "assistant", "content": "dummy"},
+        {"role": "user", "content": "dummy"},
+    ]
+    try:
+        segments = chat_segments(probe, tokenizer, chat_template_of(tokenizer, options))
+    except Unusable:
+        return None
+    trained = [text for text, flag in segments if flag]
+    if trained and not trained[-1].rstrip().endswith("dummy"):
+        return None
+    return (
+        "the chat template does not include the assistant turn's end-of-turn token in what is trained: the model "
+        "may not learn to stop (the training loss still looks healthy); set assistant_only_loss = false, or use a "
+        "chat template that ends the assistant's turn within it"
+    )
 
 
 def tokenize(
@@ -223,14 +326,26 @@ def tokenize(
     template: str | tuple[str, str] = "alpaca",
     chat_template: str | None = None,
     train_on_prompt: bool = False,
+    assistant_only_loss: bool = True,
+    completion_only_loss: bool = True,
+    eos_token: str | None = None,
 ) -> Tokenized:
     """Checked records (``read_records``) as samples for a causal LM; see the module docstring for the loss.
 
-    A sample cut at ``max_length`` is counted in ``truncated``; one left without a trained token is dropped and
-    counted in ``dropped``. A conversation the chat template refuses is an error naming the record.
+    The options are ``[data]``'s (TRL's names; ``train_on_prompt`` turns both ``*_only_loss`` off). A sample cut
+    at ``max_length`` is counted in ``truncated``; one left without a trained token is dropped and counted in
+    ``dropped``. A conversation the chat template refuses is an error naming the record.
     """
     prompts = TEMPLATES[template] if isinstance(template, str) else template
-    options = Encoding(fmt, max_length, prompts, chat_template, train_on_prompt)
+    options = Encoding(
+        fmt,
+        max_length,
+        prompts,
+        chat_template,
+        assistant_only_loss and not train_on_prompt,
+        completion_only_loss and not train_on_prompt,
+        eos_token,
+    )
     columns = encode([dict(r) for r in records], tokenizer, options)
     problems = [Problem("", f"[{i}]: {p}") for i, p in enumerate(columns["problem"]) if p]
     if problems:

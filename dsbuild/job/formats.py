@@ -18,8 +18,10 @@ __all__ = [
     "FIELDS",
     "FORMATS",
     "IGNORE_INDEX",
+    "PACKING_STRATEGIES",
     "ROLES",
     "SHAREGPT_ROLES",
+    "TEMPLATED_FORMATS",
     "TEMPLATES",
     "TEMPLATE_KEYS",
     "TRAINED_ROLE",
@@ -27,17 +29,28 @@ __all__ = [
     "template_problems",
 ]
 
-FORMATS: Final = ("alpaca", "messages", "sharegpt", "text")
+FORMATS: Final = ("alpaca", "messages", "prompt_completion", "sharegpt", "text", "tokenized")
 """The ``[data] format`` values a job understands."""
 
 CHAT_FORMATS: Final = ("messages", "sharegpt")
 """Formats of conversations, rendered with a chat template; the loss is on the assistant's turns."""
+
+TEMPLATED_FORMATS: Final = (*CHAT_FORMATS, "prompt_completion")
+"""Formats whose records may be rendered with a chat template (``prompt_completion`` when its records hold
+conversations: TRL's conversational prompt-completion)."""
+
+PACKING_STRATEGIES: Final = ("bfd", "bfd_split", "wrapped")
+"""TRL's ``packing_strategy`` values: best-fit decreasing (an overlong sample cut at ``max_length``), best-fit
+decreasing with overlong samples split into pieces, and wrapped (every sample concatenated, cut every
+``max_length`` tokens)."""
 
 FIELDS: Final = {
     "text": ("text",),
     "alpaca": ("instruction", "input", "output"),
     "messages": ("messages", "role", "content"),
     "sharegpt": ("conversations", "from", "value"),
+    "prompt_completion": ("prompt", "completion"),
+    "tokenized": ("input_ids", "labels", "attention_mask"),
 }
 """The fields each format reads, by their usual names; ``[data.columns]`` gives a file's own names for them."""
 
@@ -89,12 +102,18 @@ SHAREGPT_ROLES: Final = {
 
 FALLBACK_CHAT_TEMPLATE: Final = (
     "{% for message in messages %}"
+    "{% if message['role'] == 'assistant' %}"
+    "{{ '<|im_start|>assistant\\n' }}{% generation %}{{ message['content'] + '<|im_end|>' + '\\n' }}{% endgeneration %}"
+    "{% else %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 """ChatML: the chat template of conversations for a tokenizer without one (the byte tokenizer) and no
-``data.chat_template``. Each turn is ``<|im_start|>ROLE\\nCONTENT<|im_end|>\\n``."""
+``data.chat_template``. Each turn is ``<|im_start|>ROLE\\nCONTENT<|im_end|>\\n``; an assistant turn's content and
+end-of-turn sit in ``{% generation %}`` markers, so ``apply_chat_template(..., return_assistant_tokens_mask=True)``
+(TRL's ``assistant_only_loss``) masks what dsbuild trains on."""
 
 DATA_SUFFIXES: Final = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".arrow": "arrow"}
 """Data files ``data.path`` may name (or a folder may hold), and the ``datasets`` loader of each."""

@@ -24,11 +24,12 @@ from ..training import Training
 from .complete import complete
 from .devices import parse_device_mapping
 from .formats import (
-    CHAT_FORMATS,
     DATA_SUFFIXES,
     FIELDS,
     FORMATS,
+    PACKING_STRATEGIES,
     TEMPLATE_KEYS,
+    TEMPLATED_FORMATS,
     TEMPLATES,
     is_hub_id,
     template_problems,
@@ -334,8 +335,14 @@ class JobReader:
             "chat_template",
             "columns",
             "text_field",
+            "dataset_text_field",
             "packing",
+            "packing_strategy",
+            "padding_free",
             "train_on_prompt",
+            "assistant_only_loss",
+            "completion_only_loss",
+            "eos_token",
             "num_proc",
         ]
         self.unknown(t, known, "data")
@@ -355,11 +362,28 @@ class JobReader:
         columns = self.columns(t, fmt)
         packing = self.value(t, "packing", "data", Spec("bool", auto=False), False)
         train_on_prompt = self.value(t, "train_on_prompt", "data", Spec("bool", auto=False), False)
+        strategy = self.value(
+            t, "packing_strategy", "data", Spec("choice", choices=PACKING_STRATEGIES, auto=False), "bfd"
+        )
+        padding_free = self.value(t, "padding_free", "data", Spec("bool", auto=False), False)
+        assistant_only = self.value(t, "assistant_only_loss", "data", Spec("bool", auto=False), True)
+        completion_only = self.value(t, "completion_only_loss", "data", Spec("bool", auto=False), True)
+        eos_token = self.value(t, "eos_token", "data", Spec("str", auto=False))
+        if train_on_prompt:
+            for key in ("assistant_only_loss", "completion_only_loss"):
+                if t.get(key) is True:
+                    self.problem(
+                        f"data.{key}", f"both train_on_prompt and {key} are set, and they disagree", "keep one"
+                    )
+        if "packing_strategy" in t and packing is False:
+            self.problem("data.packing_strategy", "set, but packing is off", "set packing = true, or drop it")
+        if eos_token == "":
+            self.problem("data.eos_token", 'empty, expected a token (e.g. "<|im_end|>")')
         num_proc = self.value(t, "num_proc", "data", Spec("int", ge=1, auto=False))
         if raw_eval and eval_split is not None:
             self.problem("data.eval_split", "both eval_path and eval_split are set", "keep one")
-        if chat_template is not None and fmt is not None and fmt not in CHAT_FORMATS:
-            chats = " and ".join(map(repr, CHAT_FORMATS))
+        if chat_template is not None and fmt is not None and fmt not in TEMPLATED_FORMATS:
+            chats = ", ".join(map(repr, TEMPLATED_FORMATS))
             self.problem("data.chat_template", f"only {chats} records use a chat template; the format is {fmt!r}")
         path = self.data_source(raw_path, "data.path", what="the training records") if raw_path is not None else None
         eval_path = self.data_source(raw_eval, "data.eval_path", what="the evaluation records") if raw_eval else None
@@ -377,6 +401,11 @@ class JobReader:
             columns=columns,
             packing=packing,
             train_on_prompt=train_on_prompt,
+            assistant_only_loss=assistant_only,
+            completion_only_loss=completion_only,
+            packing_strategy=strategy,
+            padding_free=padding_free,
+            eos_token=eos_token,
             num_proc=num_proc,
         )
 
@@ -433,11 +462,12 @@ class JobReader:
                 self.problem(f"data.columns.{key}", f"got {describe(name)}, expected a field name")
             elif key in fields or not fields:
                 columns[key] = name
-        text_field = self.value(t, "text_field", "data", Spec("str", auto=False))
-        if text_field is not None:
-            if columns.get("text", text_field) != text_field:
-                self.problem("data.text_field", "both text_field and columns.text are set", "keep one")
-            columns["text"] = text_field
+        for key in ("text_field", "dataset_text_field"):  # dsbuild's name and TRL's
+            text_field = self.value(t, key, "data", Spec("str", auto=False))
+            if text_field is not None:
+                if columns.get("text", text_field) != text_field:
+                    self.problem(f"data.{key}", "the text field is named twice, differently", "keep one")
+                columns["text"] = text_field
         return {key: name for key, name in columns.items() if name != key}
 
     def training(self, t: dict[str, Any]) -> Training | None:

@@ -101,8 +101,10 @@ class DataSpec:
     """The training records: a data file or folder (absolute once read; given relative to the job file), a folder
     written by ``datasets``' ``save_to_disk``, or a hub dataset id (``owner/name``, a ``str``)."""
     format: str
-    """``"text"``, ``"alpaca"`` (instruction / input / output), ``"messages"`` (role / content turns) or
-    ``"sharegpt"`` (``conversations`` of from / value turns)."""
+    """``"text"``, ``"alpaca"`` (instruction / input / output), ``"messages"`` (role / content turns),
+    ``"sharegpt"`` (``conversations`` of from / value turns), ``"prompt_completion"`` (TRL's: ``prompt`` and
+    ``completion`` strings, or lists of messages) or ``"tokenized"`` (``input_ids``, optionally ``labels`` and
+    ``attention_mask``, taken as given)."""
     max_length: int = 512
     """Tokens per sample at most; longer samples are cut at the end."""
     eval_path: Path | str | None = None
@@ -123,7 +125,19 @@ class DataSpec:
     """Put several samples into each ``max_length`` sequence (positions restart per sample; the model's attention
     keeps them apart where it supports packed sequences)."""
     train_on_prompt: bool = False
-    """Take the loss on every token, prompts and user turns included; default the response / assistant turns only."""
+    """Take the loss on every token, prompts and user turns included (LLaMA-Factory's name): both
+    ``assistant_only_loss`` and ``completion_only_loss`` off."""
+    assistant_only_loss: bool = True
+    """TRL's: in conversations, the loss on the assistant's turns only (TRL's default is off; see docs/jobs.md)."""
+    completion_only_loss: bool = True
+    """TRL's: in prompt / completion records (and ``"alpaca"``), the loss on the completion only."""
+    packing_strategy: str = "bfd"
+    """TRL's: ``"bfd"``, ``"bfd_split"`` or ``"wrapped"`` (``PACKING_STRATEGIES``)."""
+    padding_free: bool = False
+    """TRL's: each micro-batch as one row, its samples concatenated with restarting ``position_ids``."""
+    eos_token: str | None = None
+    """TRL's: the token that ends a text or completion (appended unless it ends with it); default the
+    tokenizer's end-of-sequence token."""
     num_proc: int | None = None
     """Processes tokenizing the data (``datasets``' ``map``); default one."""
 
@@ -135,6 +149,16 @@ class DataSpec:
     def field(self, name: str) -> str:
         """The file's name for the format's field ``name``."""
         return self.columns.get(name, name)
+
+    @property
+    def loss_on_assistant_only(self) -> bool:
+        """Whether conversations take the loss on the assistant's turns only."""
+        return self.assistant_only_loss and not self.train_on_prompt
+
+    @property
+    def loss_on_completion_only(self) -> bool:
+        """Whether prompt / completion and instruction records take the loss on the completion only."""
+        return self.completion_only_loss and not self.train_on_prompt
 
     def prompts(self) -> tuple[str, str]:
         """The ``"alpaca"`` prompt templates: (without input, with input)."""

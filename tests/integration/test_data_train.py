@@ -45,6 +45,21 @@ def records(fmt: str) -> list[dict[str, Any]]:
         return [
             {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]} for q, a in QUESTIONS
         ]
+    if fmt == "prompt_completion":
+        return [{"prompt": q, "completion": " " + a} for q, a in QUESTIONS]
+    if fmt == "conversational":  # TRL's conversational prompt-completion
+        return [
+            {"prompt": [{"role": "user", "content": q}], "completion": [{"role": "assistant", "content": a}]}
+            for q, a in QUESTIONS
+        ]
+    if fmt == "tokenized":
+        return [
+            {
+                "input_ids": [b + 3 for b in f"{q} {a}".encode()] + [1],
+                "labels": [-100] * len(q.encode()) + [b + 3 for b in f" {a}".encode()] + [1],
+            }
+            for q, a in QUESTIONS
+        ]
     return [{"conversations": [{"from": "human", "value": q}, {"from": "gpt", "value": a}]} for q, a in QUESTIONS]
 
 
@@ -85,6 +100,9 @@ CASES = [
     ("messages", "save_to_disk", {}),
     ("sharegpt", "json", {}),
     ("sharegpt", "parquet", {"train_on_prompt": True}),
+    ("prompt_completion", "jsonl", {"packing": True, "packing_strategy": "bfd_split"}),
+    ("conversational", "parquet", {"padding_free": True}),
+    ("tokenized", "jsonl", {"packing": True, "packing_strategy": "wrapped"}),
 ]
 
 
@@ -95,11 +113,14 @@ def test_every_format_and_file_type_trains(tmp_path: Path) -> None:
         tiny_llama(max_position_embeddings=256), Config.zero(2).adamw(lr=3e-3).batch(micro=8)
     )
     for fmt, kind, options in CASES:
-        length = {"text": 64, "alpaca": 192, "messages": 96, "sharegpt": 96}[fmt]  # Alpaca's prompt is 154 bytes
-        spec = DataSpec(path=write(tmp_path, fmt, kind), format=fmt, max_length=length, **options)
+        length = {"alpaca": 192, "messages": 96, "sharegpt": 96, "conversational": 96}.get(
+            fmt, 64
+        )  # Alpaca's prompt is 154 bytes
+        fmt_name = "prompt_completion" if fmt == "conversational" else fmt
+        spec = DataSpec(path=write(tmp_path, fmt, kind), format=fmt_name, max_length=length, **options)
         data = load(spec, tokenizer, cache_dir=str(tmp_path / "cache"))
         assert len(data.train) >= (5 if spec.packing else 18), (fmt, kind, data.note)
-        batch = collate(list(data.train)[:8], pad_token_id=0)
+        batch = collate(list(data.train)[:8], pad_token_id=0, padding_free=spec.padding_free)
         losses = [session.step(batch).loss for _ in range(3)]
         assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0], (fmt, kind, losses)
         if data.evaluation is not None:
@@ -162,7 +183,10 @@ def test_a_packed_chat_job_with_a_held_out_split_trains_and_evaluates(tmp_path: 
         timeout=600,
     )
     assert done.returncode == 0, done.stderr[-4000:]
-    assert "18 training samples packed into" in done.stderr and "6 evaluation samples packed into" in done.stderr
+    assert (
+        "18 training samples packed (bfd) into" in done.stderr
+        and "6 evaluation samples packed (bfd) into" in done.stderr
+    )
     history = read_history(tmp_path / "run" / "history.jsonl")
     assert [h["step"] for h in history if h.get("eval_loss") is not None] == [2, 4]
     # The exported tokenizer renders conversations with the template the job trained with (ByT5 has none).

@@ -53,3 +53,53 @@ def test_the_first_steps_run_at_the_hf_trainers_rates(kind: str, warmup: int) ->
     history = s.fit(data, loss_fn=loss_fn)  # training.max_steps = 10: the schedule's length
     assert len(history) == 10
     assert [r["lr"] for r in history[:STEPS]] == pytest.approx(hf_rates(kind, warmup, 10, 3e-3), rel=1e-9, abs=1e-15)
+
+
+class _Regression(torch.nn.Module):
+    """A model the HF Trainer trains as it is: ``forward(x, y)`` returns the loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+
+    def forward(self, x: Any, y: Any) -> dict[str, Any]:
+        return {"loss": torch.nn.functional.mse_loss(self.net(x), y)}
+
+
+def test_an_odd_epoch_takes_the_hf_trainers_steps_and_rates(tmp_path: Any) -> None:
+    """5 micro-batches an epoch with accumulation 2 over 2 epochs: as many optimizer steps as the real HF Trainer
+    takes on the same data (an epoch's last step takes the one micro-batch left), at the same rates."""
+    x = torch.randn(10, 4)
+    rows = [{"x": x[i], "y": x[i].sum().reshape(1)} for i in range(10)]
+    args = dict(
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        num_train_epochs=2,
+        learning_rate=3e-3,
+        warmup_steps=1,
+        lr_scheduler_type="linear",
+    )
+    hf = transformers.Trainer(
+        model=_Regression(),
+        args=transformers.TrainingArguments(
+            output_dir=str(tmp_path / "hf"),
+            report_to=[],
+            use_cpu=True,
+            logging_steps=1,
+            save_strategy="no",
+            remove_unused_columns=False,
+            **args,
+        ),
+        train_dataset=rows,
+    )
+    hf.train()
+    hf_lrs = [h["learning_rate"] for h in hf.state.log_history if "learning_rate" in h]
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    s = Session(model, Config.zero(0).adamw(lr=3e-3).batch(micro=2, grad_accum=2), training=Training(**args))
+    data = [(x[i : i + 1], x[i : i + 1].sum(dim=1, keepdim=True)) for i in range(10)]
+    history = s.fit(
+        data, loss_fn=loss_fn, collate_fn=lambda b: (torch.cat([p[0] for p in b]), torch.cat([p[1] for p in b]))
+    )
+    assert hf.state.global_step == len(history) == 6  # ceil(5 / 2) = 3 steps an epoch
+    assert [r["lr"] for r in history] == pytest.approx(hf_lrs, rel=1e-9, abs=1e-15)

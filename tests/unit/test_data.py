@@ -113,6 +113,44 @@ def test_every_bad_record_is_named(tmp_path: Path) -> None:
         read_records(empty, "text")
 
 
+def test_bad_prompt_completion_and_tokenized_records_are_named(tmp_path: Path) -> None:
+    """TRL's record shapes get the same per-line errors: wrong types, ragged lengths, bad ids."""
+    path = write(
+        tmp_path / "pc.jsonl",
+        [{"prompt": "Q", "completion": "A"}, {"prompt": "Q"}, {"prompt": [{"role": "user", "content": "Q"}], "completion": "A"},
+         {"prompt": [{"role": "user", "content": "Q"}], "completion": [{"role": "robot", "content": "A"}]},
+         {"prompt": "Q", "completion": ""}],
+    )  # fmt: skip
+    with pytest.raises(ConfigError) as info:
+        read_records(path, "prompt_completion")
+    assert [str(p) for p in info.value.problems] == [
+        "line 2: field 'completion': expected a string, it is missing or null",
+        "line 3: field 'completion': expected a list of messages, got str",
+        "line 4: completion[0].role: got 'robot', expected one of 'system', 'developer', 'user', 'assistant', 'tool'",
+        "line 5: field 'completion': empty (there would be nothing to learn)",
+    ]
+    path = write(
+        tmp_path / "tok.jsonl",
+        [{"input_ids": [5, 6, 7]}, {"input_ids": [5, True]}, {"input_ids": [5, 6], "labels": [6]},
+         {"input_ids": [5, 6], "labels": [-5, 6]}, {"input_ids": [5, 6], "attention_mask": [1, 2]},
+         {"input_ids": [5, 6], "labels": [6, -100]}, {"input_ids": []}],
+    )  # fmt: skip
+    with pytest.raises(ConfigError) as info:
+        read_records(path, "tokenized")
+    assert [str(p) for p in info.value.problems] == [
+        "line 2: input_ids[1]: got True, expected a token id >= 0",
+        "line 3: field 'labels': 1 values for 2 input_ids",
+        "line 4: labels[0]: got -5, expected a token id >= 0 or -100",
+        "line 5: attention_mask[1]: got 2, expected 0 or 1",
+        "line 6: field 'labels': no label to train on (there would be nothing to learn)",
+        "line 7: field 'input_ids': empty (there would be nothing to learn)",
+    ]
+    (given,) = read_records(
+        write(tmp_path / "ok.jsonl", [{"input_ids": [5, 6], "attention_mask": [1, 1]}]), "tokenized"
+    )
+    assert given == {"input_ids": [5, 6], "labels": [5, 6]}
+
+
 # -- the loss, token by token -----------------------------------------------------------------------------------
 
 
@@ -229,6 +267,25 @@ def test_packing_fills_sequences_and_loses_no_token() -> None:
             assert p["labels"][a] == IGNORE_INDEX  # not predicted from the sample before it
             back.append({"input_ids": p["input_ids"][a:b], "labels": p["labels"][a:b]})
     assert sorted(back, key=lambda s: s["input_ids"]) == sorted(originals, key=lambda s: s["input_ids"])
+
+
+def test_split_and_wrapped_packing_lose_no_token() -> None:
+    """bfd_split splits an overlong sample into pieces that keep every token; wrapped concatenates and cuts."""
+    samples = [{"input_ids": list(range(n)), "labels": list(range(n))} for n in (70, 5, 30)]
+    split = pack(samples, max_length=32, strategy="bfd_split")
+    assert all(len(p["input_ids"]) <= 32 for p in split)
+    assert sum(len(p["input_ids"]) for p in split) == 105
+    pieces = sorted(
+        len(p["input_ids"][a:b])
+        for p in split
+        for a, b in itertools.pairwise([i for i, x in enumerate(p["position_ids"]) if x == 0] + [len(p["input_ids"])])
+    )
+    assert pieces == [5, 6, 30, 32, 32]  # 70 = 32 + 32 + 6
+    wrapped = pack(samples, max_length=32, strategy="wrapped")
+    assert [len(p["input_ids"]) for p in wrapped] == [32, 32, 32, 9]
+    assert [x for p in wrapped for x in p["input_ids"]] == [x for s in samples for x in s["input_ids"]]
+    assert all(p["position_ids"] == list(range(len(p["input_ids"]))) for p in wrapped)
+    assert [x for p in wrapped for x in p["labels"]] == [x for s in samples for x in s["labels"]]  # kept, as TRL
 
 
 def test_packed_samples_do_not_attend_to_each_other(tok: Any) -> None:
@@ -352,7 +409,7 @@ def test_cut_and_packed_data_says_so_in_numbers(tmp_path: Path, tok: Any) -> Non
     )
     packed = loaded(path, tok, tmp_path / "cache", template="plain", max_length=16, packing=True)
     assert [len(s["input_ids"]) for s in packed.train] == [16, 9]
-    assert "2 training samples packed into 2 sequences of up to 16 tokens (78% full)" in packed.note
+    assert "2 training samples packed (bfd) into 2 sequences of up to 16 tokens (78% full)" in packed.note
 
 
 # -- bad data: named by file and line, before anything trains -------------------------------------------------
@@ -488,4 +545,26 @@ def test_collate_pads_and_masks() -> None:
     assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
     assert batch["labels"].tolist() == [[-100, 6, 7], [8, -100, -100]]
+    assert batch["position_ids"].tolist() == [[0, 1, 2], [0, 1, 2]]  # every batch has them (sequence parallelism)
     assert batch["input_ids"].dtype == torch.long
+    free = collate(
+        [{"input_ids": [5, 6, 7], "labels": [5, 6, 7]}, {"input_ids": [8, 9], "labels": [8, 9]}], padding_free=True
+    )
+    assert free["input_ids"].tolist() == [[5, 6, 7, 8, 9]] and "attention_mask" not in free
+    assert free["position_ids"].tolist() == [[0, 1, 2, 0, 1]]
+    assert free["labels"].tolist() == [[-100, 6, 7, -100, 9]]  # no sample predicted from the one before
+
+
+def test_an_untrained_end_of_turn_is_warned_about(tok: Any) -> None:
+    """TRL's warning: a chat template that puts the assistant's end-of-turn with the next message never teaches the
+    model to stop; the fallback template trains it."""
+    from dsbuild.data.tokens import Encoding, stop_untrained
+
+    late = (
+        "{% for m in messages %}{% if not loop.first %}<|end|>\n{% endif %}{{ m.role }}: {{ m.content }}{% endfor %}"
+        "{% if add_generation_prompt %}<|end|>\nassistant: {% endif %}"
+    )
+    warning = stop_untrained(tok, Encoding("messages", 64, chat_template=late))
+    assert warning is not None and "end-of-turn" in warning
+    assert stop_untrained(tok, Encoding("messages", 64)) is None
+    assert stop_untrained(tok, Encoding("messages", 64, chat_template=late, assistant_only_loss=False)) is None
