@@ -383,6 +383,22 @@ class ConfigBase(ConfigFields):
         return self.optimizer("Adagrad", **_set(lr=lr, weight_decay=weight_decay), **params)
 
     @_verb
+    def muon(
+        self,
+        /,
+        lr: float | Auto | None = None,
+        muon_lr: float | Auto | None = None,
+        adam_lr: float | Auto | None = None,
+        momentum: float | Auto | None = None,
+        weight_decay: float | Auto | None = None,
+        **params: Any,
+    ) -> Self:
+        """DeepSpeed's Muon: Muon on the hidden 2-D weights, an auxiliary Adam on the rest (``betas``, ``eps``,
+        ``adam_w_mode``, ``ns_method``, ``per_head_muon`` as keywords)."""
+        given = _set(lr=lr, muon_lr=muon_lr, adam_lr=adam_lr, momentum=momentum, weight_decay=weight_decay)
+        return self.optimizer("Muon", **given, **params)
+
+    @_verb
     def optimizer(self, /, type: str, **params: Any) -> Self:  # noqa: A002 - DeepSpeed's key is "type"
         """Any optimizer by DeepSpeed name (typed params) or ``torch.optim`` class name (params as given)."""
         if not isinstance(type, str) or not type:

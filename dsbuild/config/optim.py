@@ -19,6 +19,7 @@ __all__ = [
     "LRRangeTestParams",
     "LambParams",
     "LionParams",
+    "MuonParams",
     "OneCycleParams",
     "Optimizer",
     "OptimizerParams",
@@ -110,7 +111,34 @@ class AdagradParams:
     """Keep optimizer states in fp32; default true."""
 
 
-OptimizerParams = AdamParams | LambParams | LionParams | AdagradParams | Mapping[str, Any]
+@f.section_class
+class MuonParams:
+    """``optimizer.params`` for ``Muon`` (DeepSpeed's MuonWithAuxAdam): Muon on the hidden 2-D weights, an auxiliary
+    Adam on the rest (embeddings, heads, biases, norms); each half takes the shared value unless its own is set."""
+
+    lr: float | Auto | None = f.float_(ge=0)
+    """Learning rate of both halves (HF ``"auto"``: ``learning_rate``)."""
+    muon_lr: float | Auto | None = f.float_(ge=0)
+    """Learning rate of the Muon half; default ``lr``."""
+    adam_lr: float | Auto | None = f.float_(ge=0)
+    """Learning rate of the Adam half; default ``lr``."""
+    momentum: float | Auto | None = f.float_(ge=0, lt=1)
+    """Muon's momentum (beta); default 0.95."""
+    ns_method: str | Auto | None = f.str_()
+    """How Muon orthogonalizes: ``"gram"`` (Gram Newton-Schulz, the default); any other name: the standard quintic Newton-Schulz."""
+    betas: tuple[float, float] | Auto | None = f.pair(ge=0, lt=1)
+    """The Adam half's running-average coefficients (HF ``"auto"``: ``[adam_beta1, adam_beta2]``)."""
+    eps: float | Auto | None = f.float_(ge=0)
+    """The Adam half's denominator term (HF ``"auto"``: ``adam_epsilon``)."""
+    weight_decay: float | Auto | None = f.float_(ge=0)
+    """Weight decay of both halves (HF ``"auto"``: ``weight_decay``); default 0."""
+    adam_w_mode: bool | Auto | None = f.bool_()
+    """Decoupled weight decay in the Adam half; default true."""
+    per_head_muon: bool | Auto | None = f.bool_()
+    """Orthogonalize each attention head's slice of the projections separately (head counts from the model's config); default false."""
+
+
+OptimizerParams = AdamParams | LambParams | LionParams | AdagradParams | MuonParams | Mapping[str, Any]
 
 OPTIMIZER_PARAMS: dict[str, type] = {
     "adam": AdamParams,
@@ -118,6 +146,7 @@ OPTIMIZER_PARAMS: dict[str, type] = {
     "lamb": LambParams,
     "lion": LionParams,
     "adagrad": AdagradParams,
+    "muon": MuonParams,
 }
 
 
@@ -131,7 +160,7 @@ class Optimizer:
     """``optimizer``: DeepSpeed builds it when set; leave unset to pass your own optimizer."""
 
     type: str = attrs.field(validator=attrs.validators.instance_of(str))
-    """``Adam``, ``AdamW``, ``Lamb``, ``Lion``, ``Adagrad`` (DeepSpeed's own, any case), or a ``torch.optim`` class name."""
+    """``Adam``, ``AdamW``, ``Lamb``, ``Lion``, ``Adagrad``, ``Muon`` (DeepSpeed's own, any case), or a ``torch.optim`` class name."""
     params: OptimizerParams | None = None
     """Keyword arguments of the optimizer: typed for DeepSpeed's own, a table for torch optimizers."""
     legacy_fusion: bool | Auto | None = f.bool_()
