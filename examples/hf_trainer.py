@@ -11,8 +11,13 @@ The ds_config is written the way you would on the command line:
 stage-3 buckets), so the file and the arguments cannot disagree. The Trainer then
 trains a tiny Llama built from its config on dsbuild's bundled arithmetic data,
 with the byte-level tokenizer: no download, no GPU needed (DeepSpeed runs on
-its CPU accelerator there). One process is launched as is; under torchrun or
-``accelerate launch`` the same script runs on every rank.
+its CPU accelerator there). One process is launched as is; under torchrun the
+same script runs on every rank, and the Trainer shards the data over them:
+
+    torchrun --nproc_per_node 2 examples/hf_trainer.py
+
+On CPU that needs one line more than on GPUs: DeepSpeed's process group started
+(gloo) before the model is built (see below).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import deepspeed
 import torch
 from transformers import AutoModelForCausalLM, ByT5Tokenizer, LlamaConfig, Trainer, TrainingArguments
 
@@ -67,6 +73,12 @@ def main() -> None:
         use_cpu=not torch.cuda.is_available(),
         seed=0,
     )
+    if not torch.cuda.is_available():
+        # On CPU the Trainer's process group comes up only when it first asks for its device, after the model is
+        # built; at ZeRO-3, zero.Init (inside from_config) would meanwhile read DeepSpeed's world size as 1 and
+        # refuse the batch the Trainer filled for 2 processes ("16 != 8 * 1 * 1"). Starting DeepSpeed's process
+        # group first (gloo, from torchrun's variables) lets both see every process. On GPUs the Trainer does this.
+        deepspeed.init_distributed(dist_backend="gloo")
     model = AutoModelForCausalLM.from_config(
         LlamaConfig(
             hidden_size=64,
@@ -101,6 +113,7 @@ def main() -> None:
             f"{type(engine).__name__}, ZeRO stage {engine.zero_optimization_stage()}, bf16 {engine.bfloat16_enabled()}, "
             f"built partitioned: {partitioned}"
         )
+        print(f"processes: {training_args.world_size}, DeepSpeed's data-parallel size: {engine.dp_world_size}")
         print(f"trained {result.global_step} steps: loss {losses[0]:.3f} -> {losses[-1]:.3f}")
         print(f'the Trainer filled every "auto": {"auto" not in json.dumps(used)}')
 

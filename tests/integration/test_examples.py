@@ -75,6 +75,28 @@ def test_hf_trainer_with_an_exported_config(tmp_path: Path) -> None:
     assert exported["train_micro_batch_size_per_gpu"] == "auto" and exported["zero_optimization"]["stage"] == 3
 
 
+@pytest.mark.slow
+def test_hf_trainer_on_two_processes(tmp_path: Path) -> None:
+    """The docstring's torchrun line: the Trainer and DeepSpeed both see 2 processes at ZeRO-3 on CPU, and train."""
+    out = tmp_path / "hf2"
+    script = str(EXAMPLES / "hf_trainer.py")
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", script, "--steps", "3"]
+    from dsbuild.session.distributed import free_port
+
+    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    command += ["--out", str(out)]
+    command[3:3] = ["--master_port", str(free_port())]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert "DeepSpeedEngine, ZeRO stage 3, bf16 True, built partitioned: True" in lines
+    assert "processes: 2, DeepSpeed's data-parallel size: 2" in lines
+    (trained,) = [line for line in lines if line.startswith("trained ")]
+    assert trained.startswith("trained 3 steps")
+
+
 def test_lightning_snippet_config() -> None:
     """The config Lightning's DeepSpeedStrategy gets: resolved (Lightning fills no "auto"), checked."""
     snippet = runpy.run_path(str(EXAMPLES / "lightning_snippet.py"), run_name="example")
