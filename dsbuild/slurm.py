@@ -1,7 +1,8 @@
 """The Slurm job a command runs in: how many nodes, which one this is, and node 0's address.
 
 Everything here reads an environment it is given (the CLI passes ``os.environ``) and nothing calls
-``scontrol``, which a compute node may lack: ``parse_hostlist`` reads Slurm's host-list syntax itself and
+``scontrol``, which a compute node may lack (``dsbuild train --requeue`` calls ``scontrol requeue`` with
+``requeue_target``'s id, where the user asked for it): ``parse_hostlist`` reads Slurm's host-list syntax itself and
 gives the hosts ``scontrol show hostnames`` prints. It counts a list's hosts without writing them out, so
 a list naming millions of hosts costs no memory: a run needs only the count and the first host.
 """
@@ -17,7 +18,7 @@ import attrs
 
 from .errors import InvalidValueError, Problem
 
-__all__ = ["MAX_HOSTS", "Allocation", "HostList", "allocation", "parse_hostlist", "unplaced"]
+__all__ = ["MAX_HOSTS", "Allocation", "HostList", "allocation", "parse_hostlist", "requeue_target", "unplaced"]
 
 MAX_HOSTS = 65536
 """The most hosts ``HostList.hosts`` writes out (Slurm's own limit for one range)."""
@@ -319,3 +320,14 @@ def _shown(text: str, most: int = 60) -> str:
 
 def _bad(text: str, why: str) -> InvalidValueError:
     return InvalidValueError(f"{_shown(text)} is not a Slurm host list: {why}")
+
+
+def requeue_target(env: Mapping[str, str]) -> str | None:
+    """The id ``scontrol requeue`` takes for the job this runs in: ``ARRAYJOB_TASK`` for a task of a job array
+    (requeueing the array's own ``SLURM_JOB_ID`` works too, but the pair is what ``squeue`` shows), else
+    ``SLURM_JOB_ID``; ``None`` outside a Slurm job."""
+    array, task = env.get("SLURM_ARRAY_JOB_ID", "").strip(), env.get("SLURM_ARRAY_TASK_ID", "").strip()
+    if array.isdigit() and task.isdigit():
+        return f"{array}_{task}"
+    job = env.get("SLURM_JOB_ID", "").strip()
+    return job if job.isdigit() else None

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 import attrs
 
-from .. import launch, output_dir, run
+from .. import launch, output_dir, run, slurm
 from ..errors import ConfigError, OutputDirError, RunStopped
 from ..extras import require
 from ..job import demo_job_path, load_job
@@ -82,6 +83,15 @@ def add_train(commands: Commands) -> None:
     p.add_argument(
         "--no-terminate-on-nan", action="store_true", help="train on past a NaN or infinite loss (default: stop there)"
     )
+    p.add_argument(
+        "--requeue",
+        action="store_true",
+        help=(
+            "in a Slurm job: when a signal stops the run (exit 75, a verified checkpoint saved), put the job back in "
+            "the queue once (scontrol requeue; a job array's task by its ARRAYJOB_TASK id); with --resume the same "
+            "sbatch script serves the first run and every requeue"
+        ),
+    )
     p.set_defaults(handler=_train)
 
 
@@ -149,13 +159,18 @@ def _train(args: argparse.Namespace) -> int:
             print(f"dsbuild: {escape_lines(nodes.origin)}", file=sys.stderr)
         if nproc * nnodes == 1 and nodes.master_port is None:
             os.environ.update(env)
-            run.run(
-                job,
-                resume=args.resume,
-                resume_from=args.resume_from,
-                terminate_on_nan=not args.no_terminate_on_nan,
-                data=data,
-            )
+            try:
+                run.run(
+                    job,
+                    resume=args.resume,
+                    resume_from=args.resume_from,
+                    terminate_on_nan=not args.no_terminate_on_nan,
+                    data=data,
+                )
+            except RunStopped:
+                if args.requeue:
+                    _requeue()
+                raise
         else:
             run_args = [f"--set={text}" for text in args.set]
             run_args += ["--resume"] if args.resume else []
@@ -165,6 +180,8 @@ def _train(args: argparse.Namespace) -> int:
             for line in report:
                 say = "" if code == RunStopped.EXIT_CODE else "error: "
                 print(line if line.startswith(" ") else f"dsbuild: {say}{line}", file=sys.stderr)
+            if code == RunStopped.EXIT_CODE and args.requeue and node_rank == 0:
+                _requeue()
             if code != 0:
                 return code
     if node_rank == 0:
@@ -173,3 +190,22 @@ def _train(args: argparse.Namespace) -> int:
     else:
         out(f"node {node_rank}: done; node 0 has the outputs in {job.output_dir}")
     return 0
+
+
+def _requeue() -> None:
+    """``scontrol requeue`` the Slurm job this runs in, once; what happened is said on stderr."""
+    target = slurm.requeue_target(os.environ)
+    if target is None:
+        warning("--requeue: not in a Slurm job (no SLURM_JOB_ID): nothing requeued")
+        return
+    command = ["scontrol", "requeue", target]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        error(f"--requeue: {' '.join(command)} failed: {e}; requeue the job yourself (the checkpoint is saved)")
+        return
+    if done.returncode != 0:
+        why = escape_lines(done.stderr.strip() or f"exit {done.returncode}")
+        error(f"--requeue: {' '.join(command)} failed: {why}; requeue the job yourself (the checkpoint is saved)")
+        return
+    print(f"dsbuild: requeued Slurm job {target} ({' '.join(command)}); it resumes with --resume", file=sys.stderr)

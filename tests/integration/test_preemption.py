@@ -66,8 +66,9 @@ def _losses(out: Path) -> dict[int, float]:
 
 @pytest.mark.slow
 def test_sigterm_to_dsbuild_train_saves_exits_75_and_resumes_exactly(tmp_path: Path) -> None:
-    """The demo job, SIGTERM once step 3 is logged: exit 75, a verified checkpoint at the step it stopped, and
-    --resume gives the uninterrupted run's losses for the remaining steps."""
+    """The demo job, SIGTERM once step 3 is logged: exit 75, a verified checkpoint at the step it stopped, the
+    Slurm job requeued once (--requeue, a fake scontrol), and --resume gives the uninterrupted run's losses for the
+    remaining steps."""
     steps = ["--set=training.max_steps=10", "--set=training.save_steps=100", "--set=training.logging_steps=1"]
     command = [sys.executable, "-m", "dsbuild", "train", *steps]
     reference = tmp_path / "reference"
@@ -78,9 +79,16 @@ def test_sigterm_to_dsbuild_train_saves_exits_75_and_resumes_exactly(tmp_path: P
     assert done.returncode == 0, done.stderr[-3000:]
 
     out = tmp_path / "stopped"
+    # A task of a Slurm job array, with --requeue: a fake scontrol on PATH records how it is called.
+    bin_dir, calls = tmp_path / "bin", tmp_path / "scontrol.calls"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    slurm = {"SLURM_JOB_ID": "1234", "SLURM_ARRAY_JOB_ID": "1200", "SLURM_ARRAY_TASK_ID": "7"}
+    env = {**_env(), **slurm, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
     run = subprocess.Popen(
-        [*command, f"--set=training.output_dir={json.dumps(str(out))}"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+        [*command, "--requeue", f"--set=training.output_dir={json.dumps(str(out))}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and len(_losses(out) if (out / "history.jsonl").exists() else {}) < 3:
@@ -91,6 +99,8 @@ def test_sigterm_to_dsbuild_train_saves_exits_75_and_resumes_exactly(tmp_path: P
     stopped_at = max(_losses(out))
     assert stopped_at < 10 and f"stopped at step {stopped_at} by SIGTERM" in err
     assert manifest.verify(out / "checkpoints" / f"global_step{stopped_at}")["global_step"] == stopped_at
+    assert calls.read_text().splitlines() == ["requeue 1200_7"]  # once, the array task's id
+    assert "requeued Slurm job 1200_7" in err
 
     resumed = subprocess.run(
         [*command, "--resume", f"--set=training.output_dir={json.dumps(str(out))}"],

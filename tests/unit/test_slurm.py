@@ -278,3 +278,15 @@ def test_node_values_that_cannot_work_are_usage_errors() -> None:
     with pytest.raises(InvalidValueError) as caught:
         nodes(1, {**TASK, "SLURM_NODEID": "5"})
     assert str(caught.value) == "SLURM_NODEID: 5 is not below the 2 nodes of SLURM_NNODES"
+
+
+def test_requeue_target_is_the_array_task_or_the_job() -> None:
+    """--requeue asks scontrol for the array task (ARRAYJOB_TASK) of an array job, else the job; nothing outside."""
+    from dsbuild.slurm import requeue_target
+
+    assert (
+        requeue_target({"SLURM_JOB_ID": "1234", "SLURM_ARRAY_JOB_ID": "1200", "SLURM_ARRAY_TASK_ID": "7"}) == "1200_7"
+    )
+    assert requeue_target({"SLURM_JOB_ID": "1234"}) == "1234"
+    assert requeue_target({}) is None
+    assert requeue_target({"SLURM_JOB_ID": "12; rm -rf /"}) is None  # only an id ever reaches scontrol
