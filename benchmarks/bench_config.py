@@ -24,6 +24,7 @@ CASES = {
     "dsbuild: import + build + to_dict": (
         "import dsbuild\nfrom dsbuild import Config\nConfig.zero(3).offload_cpu().bf16().adamw(lr=1e-5).to_dict()\n"
     ),
+    "dsbuild presets (the CLI's entry point)": "import sys\nfrom dsbuild.cli import main\nsys.exit(main(['presets']))\n",
     "python -c 'import deepspeed'": "import deepspeed\n",
     "HF HfTrainerDeepSpeedConfig(same config)": (
         "from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig, unset_hf_deepspeed_config\n"
@@ -77,7 +78,9 @@ def main() -> None:
     print(f"  {'case':<44} {'wall (s)':>9} {'peak RSS (MiB)':>15}")
     for name, r in fresh.items():
         print(f"  {name:<44} {r['wall_s']:>9.3f} {r['peak_mib']:>15.1f}")
-    print(f"  dsbuild / import deepspeed wall time: {100 * ours['wall_s'] / ds['wall_s']:.1f}% (goal <= 6%)")
+    cli = fresh["dsbuild presets (the CLI's entry point)"]
+    print(f"  dsbuild config / import deepspeed wall time: {ours['wall_s'] / ds['wall_s']:.3f} (goal <= 0.05)")
+    print(f"  dsbuild presets / import deepspeed wall time: {cli['wall_s'] / ds['wall_s']:.3f} (goal <= 0.10)")
     print(f"  dsbuild peak RSS: {ours['peak_mib']:.1f} MiB (goal <= 30 MiB)")
     if args.json:
         args.json.write_text(json.dumps({"fresh_process": fresh}, indent=2) + "\n")

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .api import Config
-from .config import AUTO
 from .errors import (
     ConfigError,
     ConflictError,
@@ -25,6 +23,8 @@ from .presets import presets  # the function: it shadows the module of the same 
 from .version import VERSION
 
 if TYPE_CHECKING:
+    from .api import Config
+    from .config import AUTO
     from .job import Job, load_job
     from .planner import Plan, plan
     from .presets import presets
@@ -59,6 +59,8 @@ __all__ = [
 ]
 
 _LAZY = {
+    "Config": "api",
+    "AUTO": "config",
     "Session": "session",
     "SessionError": "session",
     "StepOutput": "session",
@@ -70,7 +72,8 @@ _LAZY = {
     "Diagnostic": "validate",
 }
 """Names imported on first use: the Session needs torch and DeepSpeed, and the rest keeps
-``import dsbuild`` + building a config well under a tenth of ``import deepspeed``."""
+``import dsbuild`` + building a config well under a tenth of ``import deepspeed``; even ``Config`` waits for its
+first use, so a command that builds no config (``dsbuild presets``) does not create the ~30 section classes."""
 
 
 def __getattr__(name: str) -> Any:

@@ -23,7 +23,7 @@ from typing import TypeAlias
 
 from ..errors import DsbuildError, NonFiniteLossError, RunStopped
 from ..version import VERSION
-from .common import Commands
+from .args import Commands
 from .configs import add_explain, add_export, add_presets, add_schema, add_show, add_validate
 from .output import error, report, show_logs
 from .tools import add_checkpoints, add_doctor, add_plan

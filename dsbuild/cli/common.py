@@ -8,7 +8,7 @@ import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any
 
 import attrs
 
@@ -28,12 +28,6 @@ from ..training import Training
 from ..validate import Diagnostic, validate
 
 __all__ = [
-    "CONSUMERS",
-    "FORMATS",
-    "TARGETS",
-    "Commands",
-    "add_run_facts",
-    "add_target",
     "as_diagnostics",
     "as_path",
     "diagnose",
@@ -45,22 +39,12 @@ __all__ = [
     "load_ref",
     "load_with_sets",
     "no_training_file",
-    "non_negative_int",
-    "positive_int",
     "raw_with_sets",
     "render",
     "resolved",
     "resolved_job",
     "with_sets",
 ]
-
-FORMATS = ("json", "toml")
-
-TARGETS = ("deepspeed", "hf")
-
-CONSUMERS = ("deepspeed", "hf", "accelerate")
-
-Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def diagnose(
@@ -313,37 +297,6 @@ def raw_with_sets(ref: str, sets: Sequence[str]) -> tuple[dict[str, Any], str, s
     return data, source, label, training
 
 
-def add_run_facts(p: argparse.ArgumentParser) -> None:
-    """The facts ``resolve`` needs: world size, training arguments, hidden size, total steps."""
-    p.add_argument(
-        "--world-size", type=positive_int, metavar="N", help="number of processes (default: a job's, else 1)"
-    )
-    p.add_argument(
-        "--training",
-        metavar="TOML",
-        type=Path,
-        help="training arguments: a TOML file of Training fields (not for jobs)",
-    )
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help=(
-            "override a training argument (training.learning_rate=2e-5) or a ds_config key (zero_optimization.stage=2); "
-            "for a job file, any job value (strategy.overrides.zero_optimization.stage=2)"
-        ),
-    )
-    p.add_argument("--hidden-size", type=positive_int, metavar="H", help="the model's hidden size")
-    p.add_argument(
-        "--model",
-        type=Path,
-        metavar="DIR|CONFIG.json",
-        help="a model directory or its config.json: its hidden size, when --hidden-size is not given",
-    )
-    p.add_argument("--total-steps", type=positive_int, metavar="N", help="optimizer steps of the run")
-
-
 def resolved(args: argparse.Namespace) -> Config:
     """The config of ``args.config`` resolved with the run's facts the options give."""
     config, overrides = load_with_sets(args.config, args.set)
@@ -403,39 +356,3 @@ def render(config: Config, fmt: str) -> str:
         return tomli_w.dumps(data)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"cannot be written as TOML: {e} (use --format json)") from None
-
-
-def add_target(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--target",
-        choices=TARGETS,
-        default="deepspeed",
-        help='who reads the config: "deepspeed" as is (default) or "hf", the HF Trainer / Accelerate, which fill "auto"',
-    )
-
-
-MOST = 10**15
-"""The largest integer an option takes: a larger one is a typo, and would overflow the float arithmetic it feeds."""
-
-
-def _int_at_least(least: int, expected: str, most: int = MOST) -> Callable[[str], int]:
-    """An argparse ``type``: an integer >= ``least`` and <= ``most`` (``expected`` names it in the error)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:  # not an integer, or more digits than Python converts
-            value = least - 1
-        if value < least:
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
-        if value > most:
-            up_to = "1e15" if most == MOST else str(most)
-            raise argparse.ArgumentTypeError(f"expected {expected} up to {up_to}, got {text!r}")
-        return value
-
-    return parse
-
-
-positive_int = _int_at_least(1, "a positive integer")
-non_negative_int = _int_at_least(0, "an integer >= 0")
-port_number = _int_at_least(1, "a TCP port number", most=65535)

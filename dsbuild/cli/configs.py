@@ -6,34 +6,16 @@ import argparse
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..atomic import write_atomic
 from ..errors import DsbuildError, UnresolvedAutoError
-from ..explain import explain, render_explanation
-from ..extras import require
-from ..interop import accelerate_config, for_hf, to_yaml, training_arguments, zero_stage
-from ..presets import presets
-from ..schema import json_schema
-from ..validate import Diagnostic, validate
-from .common import (
-    CONSUMERS,
-    FORMATS,
-    Commands,
-    add_run_facts,
-    add_target,
-    diagnose,
-    for_accelerate_of,
-    job_of,
-    load_problems,
-    load_ref,
-    load_with_sets,
-    no_training_file,
-    positive_int,
-    render,
-    resolved,
-    resolved_job,
-)
+from .args import CONSUMERS, FORMATS, Commands, add_run_facts, add_target, positive_int
 from .output import counts, error, escape, escape_lines, for_the_command_line, out, plural, report
+
+if TYPE_CHECKING:
+    from ..validate import Diagnostic
+
+# Each command imports what it runs on when it runs (``args``), so building the parsers stays light.
 
 __all__ = ["add_explain", "add_export", "add_presets", "add_schema", "add_show", "add_validate"]
 
@@ -44,6 +26,8 @@ def add_presets(commands: Commands) -> None:
 
 
 def _presets(args: argparse.Namespace) -> int:
+    from ..presets import presets
+
     found = presets()
     width = max((len(name) for name in found), default=0)
     for name, description in found.items():
@@ -65,6 +49,8 @@ def add_show(commands: Commands) -> None:
 
 
 def _show(args: argparse.Namespace) -> int:
+    from .common import load_ref, render
+
     config = load_ref(args.config)
     out(render(config, args.format), end="")
     return 0
@@ -116,6 +102,19 @@ def add_export(commands: Commands) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
+    from ..atomic import write_atomic
+    from ..interop import accelerate_config, for_hf, to_yaml, training_arguments, zero_stage
+    from ..validate import validate
+    from .common import (
+        for_accelerate_of,
+        job_of,
+        load_problems,
+        load_with_sets,
+        no_training_file,
+        resolved,
+        resolved_job,
+    )
+
     output = Path(args.output)
     accelerate = args.consumer == "accelerate"
     ds_path: Path | None = None
@@ -251,6 +250,9 @@ def add_validate(commands: Commands) -> None:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    from ..extras import require
+    from .common import diagnose
+
     if args.deepspeed:
         if args.target == "hf":
             error(
@@ -315,6 +317,9 @@ def add_explain(commands: Commands) -> None:
 
 
 def _explain(args: argparse.Namespace) -> int:
+    from ..explain import explain, render_explanation
+    from .common import job_of, no_training_file, resolved, resolved_job
+
     job = job_of(args.config, args.set)
     if job is not None:
         no_training_file(args)
@@ -339,6 +344,9 @@ def add_schema(commands: Commands) -> None:
 
 
 def _schema(args: argparse.Namespace) -> int:
+    from ..atomic import write_atomic
+    from ..schema import json_schema
+
     text = json.dumps(json_schema(), indent=2, ensure_ascii=False) + "\n"
     if args.output is None:
         out(text, end="")

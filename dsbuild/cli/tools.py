@@ -6,8 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from .. import manifest
-from .common import Commands, job_of, load_ref, positive_int
+from .args import Commands, positive_int
 from .output import error, out
 
 __all__ = ["add_checkpoints", "add_doctor", "add_plan"]
@@ -30,6 +29,9 @@ def add_checkpoints(commands: Commands) -> None:
 
 
 def _checkpoints(args: argparse.Namespace) -> int:
+    from .. import manifest
+    from .common import job_of
+
     where = Path(args.where)
     if where.is_file():
         job = job_of(args.where, [])
@@ -161,6 +163,7 @@ def add_doctor(commands: Commands) -> None:
 
 def _doctor(args: argparse.Namespace) -> int:
     from ..doctor import render_report, report
+    from .common import load_ref
 
     config = load_ref(args.config) if args.config is not None else None
     result = report(config)

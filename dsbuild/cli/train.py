@@ -9,13 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import attrs
-
-from .. import launch, output_dir, run, slurm
 from ..errors import ConfigError, OutputDirError, RunStopped
-from ..extras import require
-from ..job import demo_job_path, load_job
-from .common import Commands, job_sets, non_negative_int, port_number, positive_int
+from .args import Commands, non_negative_int, port_number, positive_int
 from .output import error, escape_lines, out, plural, warning
 
 __all__ = ["add_train"]
@@ -23,6 +18,8 @@ __all__ = ["add_train"]
 
 def _guard(folder: Path, *, resume: bool, overwrite: bool) -> None:
     """Refuse to write over an earlier run without --resume or --overwrite; with --overwrite, move it aside."""
+    from .. import output_dir
+
     earlier = output_dir.earlier_run(folder)
     if earlier is None or resume:
         return
@@ -96,6 +93,13 @@ def add_train(commands: Commands) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
+    import attrs
+
+    from .. import launch, output_dir, run
+    from ..extras import require
+    from ..job import demo_job_path, load_job
+    from .common import job_sets
+
     require("dsbuild train")  # before anything is read: a config-only install says which pip install trains
     path = Path(args.job) if args.job is not None else demo_job_path()
     job = load_job(path, job_sets(args.set))
@@ -194,6 +198,8 @@ def _train(args: argparse.Namespace) -> int:
 
 def _requeue() -> None:
     """``scontrol requeue`` the Slurm job this runs in, once; what happened is said on stderr."""
+    from .. import slurm
+
     target = slurm.requeue_target(os.environ)
     if target is None:
         warning("--requeue: not in a Slurm job (no SLURM_JOB_ID): nothing requeued")
