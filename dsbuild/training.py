@@ -48,7 +48,6 @@ NOT_TAKEN: Final[dict[str, str]] = {
     "optim_args": "set the optimizer's params in the strategy config",
     "lr_scheduler_kwargs": "set the scheduler's params in the strategy config",
     "deepspeed": "the job's [strategy] config is the ds_config",
-    "torch_compile": "DeepCompile is the strategy config's compile section",
     "resume_from_checkpoint": "use dsbuild train --resume or --resume-from TAG",
     "overwrite_output_dir": "use dsbuild train --overwrite (the earlier run is moved aside, not deleted)",
     "logging_dir": "monitors write under output_dir/logs",
@@ -82,7 +81,6 @@ HF_NAMES_NOT_TAKEN: Final = frozenset(NOT_TAKEN) | frozenset(
         "ddp_bucket_cap_mb",
         "ddp_find_unused_parameters",
         "ddp_static_graph",
-        "ddp_timeout",
         "debug",
         "disable_tqdm",
         "do_predict",
@@ -124,8 +122,6 @@ HF_NAMES_NOT_TAKEN: Final = frozenset(NOT_TAKEN) | frozenset(
         "run_name",
         "save_only_model",
         "skip_memory_metrics",
-        "torch_compile_backend",
-        "torch_compile_mode",
         "torch_empty_cache_steps",
         "trackio_bucket_id",
         "trackio_space_id",
@@ -292,6 +288,16 @@ class Training:
     (``num_items_in_batch``); false: over this process's micro-batches only; default true."""
     dataloader_num_workers: int = _arg(0, Spec("int", ge=0, auto=False))
     """Worker processes of the training data loader; default 0 (load in the main process)."""
+    torch_compile: bool = _arg(False, _BOOL)
+    """Compile the model (``engine.compile()``, as Accelerate does under the HF Trainer); default false. With the
+    strategy config's ``compile.deepcompile`` the compiler is DeepCompile."""
+    torch_compile_backend: str | None = _arg(None, Spec("str", auto=False), optional=True)
+    """The ``torch.compile`` backend; default the accelerator's (``inductor``)."""
+    torch_compile_mode: str | None = _arg(None, Spec("str", auto=False), optional=True)
+    """The ``torch.compile`` mode (``"default"``, ``"reduce-overhead"``, ``"max-autotune"``); default torch's."""
+    ddp_timeout: int = _arg(600, Spec("int", gt=0, auto=False))
+    """Seconds a collective may wait for the other processes before the run fails (a lost or frozen rank); default
+    600 (the HF Trainer's is 1800)."""
     given: frozenset[str] | None = attrs.field(default=None, eq=False, repr=False, converter=_names)
     """The arguments the user set: the keywords of ``Training(...)``, a job's ``[training]`` keys, ``--set`` values,
     a ``TrainingArguments``' attributes. Only these can disagree with a config's explicit values, as in the HF

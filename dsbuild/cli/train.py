@@ -8,10 +8,14 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, OutputDirError, RunStopped
 from .args import Commands, non_negative_int, port_number, positive_int
 from .output import error, escape_lines, out, plural, warning
+
+if TYPE_CHECKING:
+    from ..validate import Diagnostic
 
 __all__ = ["add_train"]
 
@@ -133,6 +137,7 @@ def _train(args: argparse.Namespace) -> int:
 
     found = job.validate(world_size=nproc * nnodes)
     errors = [d for d in found if d.severity == "error"]
+    errors += _refused(job)
     for d in found:
         if d.severity == "warning":
             warning(f"{path}: {d}")
@@ -215,3 +220,16 @@ def _requeue() -> None:
         error(f"--requeue: {' '.join(command)} failed: {why}; requeue the job yourself (the checkpoint is saved)")
         return
     print(f"dsbuild: requeued Slurm job {target} ({' '.join(command)}); it resumes with --resume", file=sys.stderr)
+
+
+def _refused(job: Any) -> list[Diagnostic]:
+    """What the run's DeepSpeed cannot do on this machine, found before any process starts: DeepCompile on an
+    accelerator without its op (DeepSpeed's CPU accelerator)."""
+    from ..validate import Diagnostic
+
+    if job.config.compile is None or job.config.compile.deepcompile is not True:
+        return []
+    from ..session.setup import deepcompile_refusal  # torch: only a job that asks for DeepCompile pays for it
+
+    reason = deepcompile_refusal(job.config.to_dict())
+    return [Diagnostic("compile.deepcompile", "error", reason)] if reason else []

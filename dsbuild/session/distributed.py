@@ -63,12 +63,20 @@ def rank() -> int:
     return 0
 
 
-def init() -> None:
-    """Create the process group once per process (DeepSpeed's accelerator picks the backend), or reuse it."""
+def init(timeout: float | None = None) -> None:
+    """Create the process group once per process (DeepSpeed's accelerator picks the backend), or reuse it.
+
+    ``timeout``: seconds a collective waits for the other processes before it fails (``training.ddp_timeout``;
+    default ``Training``'s), so a lost or frozen rank ends the run instead of hanging it; it applies to the group
+    this call creates (a group that exists keeps its own).
+    """
+    import datetime
+
     import deepspeed
 
     from ..build_locks import stale_locks
     from ..errors import SessionError
+    from ..training import Training
     from .cpu_features import install
 
     # Once per process, before its group exists (init is called again by each Session, and by the data barrier).
@@ -82,14 +90,15 @@ def init() -> None:
     install()  # DeepSpeed asks py-cpuinfo for every op it loads: once per machine is enough
     alone = not is_initialized() and not any(k in os.environ for k in _LAUNCHER_KEYS)
     ensure_env()
+    wait = datetime.timedelta(seconds=timeout if timeout is not None else Training().ddp_timeout)
     if alone:
         # One process needs no rendezvous: an in-memory store, so no port is listened on (a free port picked
         # first can be taken by another process before the group binds it).
         from deepspeed.accelerator import get_accelerator
 
         backend = get_accelerator().communication_backend_name()
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)  # type: ignore[attr-defined]
-    deepspeed.init_distributed(verbose=False)  # takes the group there is
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=wait)  # type: ignore[attr-defined]
+    deepspeed.init_distributed(verbose=False, timeout=wait)  # takes the group there is, or makes it
 
 
 def barrier() -> None:

@@ -34,6 +34,8 @@ from .export import lora_fingerprint, model_fingerprint
 from .setup import (
     DEFAULT_SEED,
     as_config,
+    compile_engine,
+    deepcompile_refusal,
     hf_model_or_none,
     hf_scheduler,
     resolve_checked,
@@ -148,7 +150,7 @@ class Session:
         if self.training is not None:
             seed_everything(self.training.seed)
 
-        distributed.init()
+        distributed.init(self.training.ddp_timeout if self.training is not None else None)
         self._engine: DeepSpeedEngine | None = None
         # Where training is in the data: the epoch, the micro-batches of it consumed, and the torch RNG
         # state its iterator was created from (so a resumed run draws the same shuffle).
@@ -195,7 +197,7 @@ class Session:
         )
         # Same seed on every rank: the same random init everywhere (ZeRO-3 also broadcasts rank 0's).
         seed_everything(training_args.seed if training_args is not None else DEFAULT_SEED)
-        distributed.init()  # zero.Init partitions over the process group
+        distributed.init(training_args.ddp_timeout if training_args is not None else None)  # zero.Init partitions
         model = building.build_model(
             name_or_path_or_config, probe.to_dict(), dtype=dtype, attn_implementation=attn_implementation
         )
@@ -245,6 +247,9 @@ class Session:
         if scheduler is None and "scheduler" not in ds_config and self.training is not None and steps is not None:
             # No DeepSpeed scheduler: the HF Trainer's own, from lr_scheduler_type, as the Trainer adds it.
             scheduler = hf_scheduler(self.training, steps)
+        refusal = deepcompile_refusal(ds_config)
+        if refusal is not None:
+            raise SessionError(f"compile.deepcompile: {refusal}")
         engine, _, _, _ = deepspeed.initialize(
             model=self._model,
             model_parameters=params if self._optimizer is None else None,
@@ -253,6 +258,7 @@ class Session:
             config=ds_config,
         )
         weights_only.install(engine, self.checkpoint_digest)  # DeepSpeed's files: verified, weights-only reads
+        compile_engine(engine, ds_config, self.training)
         self._engine = engine
         return engine
 

@@ -21,6 +21,9 @@ __all__ = [
     "DEFAULT_SEED",
     "PROBE_STEPS",
     "as_config",
+    "asks_deepcompile",
+    "compile_engine",
+    "deepcompile_refusal",
     "hf_model_or_none",
     "hf_scheduler",
     "resolve_checked",
@@ -132,3 +135,52 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)  # also seeds the accelerator's generators
+
+
+def asks_deepcompile(ds_config: Mapping[str, Any]) -> bool:
+    """Whether a ds_config turns DeepCompile on (``compile.deepcompile``)."""
+    section = ds_config.get("compile")
+    return isinstance(section, Mapping) and section.get("deepcompile") is True
+
+
+def deepcompile_refusal(ds_config: Mapping[str, Any]) -> str | None:
+    """Why DeepCompile cannot run on this machine's DeepSpeed accelerator (DeepSpeed's own words), or ``None``.
+
+    DeepCompile needs DeepSpeed's ``DeepCompileBuilder`` op; the CPU accelerator implements none (its builder
+    refuses to load), so a run would fail at ``engine.compile()``, after the engine and the model were built.
+    """
+    if not asks_deepcompile(ds_config):
+        return None
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    builder = accelerator.create_op_builder("DeepCompileBuilder")
+    reason = None
+    if builder is None:
+        reason = "it has no DeepCompileBuilder op"
+    elif type(builder).__name__ == "NotImplementedBuilder":  # loading it only raises, nothing is built
+        try:
+            builder.load()
+        except Exception as e:
+            reason = str(e)
+    if reason is None:
+        return None
+    return (
+        f"DeepCompile does not run on DeepSpeed's {accelerator.device_name()} accelerator (DeepSpeed: {reason}); "
+        "set compile.deepcompile = false (training.torch_compile compiles with torch.compile)"
+    )
+
+
+def compile_engine(engine: Any, ds_config: Mapping[str, Any], training: Training | None) -> None:
+    """``engine.compile()`` when the run asks for it (``training.torch_compile``, or the config's
+    ``compile.deepcompile``), with ``torch_compile_backend`` / ``torch_compile_mode`` as the HF Trainer passes them
+    through Accelerate."""
+    if not ((training is not None and training.torch_compile) or asks_deepcompile(ds_config)):
+        return
+    kwargs: dict[str, Any] = {}
+    if training is not None and training.torch_compile_mode:
+        kwargs["mode"] = training.torch_compile_mode
+    if training is not None and training.torch_compile_backend:
+        engine.compile(backend=training.torch_compile_backend, compile_kwargs=kwargs)
+    else:
+        engine.compile(compile_kwargs=kwargs)

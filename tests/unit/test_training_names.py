@@ -53,7 +53,10 @@ def test_names_people_paste_are_read() -> None:
     [
         ({"optim": "adamw_torch"}, "training.optim: an HF TrainingArguments argument dsbuild does not take (set the"),
         ({"push_to_hub": True}, "training.push_to_hub: an HF TrainingArguments argument dsbuild does not take"),
-        ({"ddp_timeout": 60}, "training.ddp_timeout: an HF TrainingArguments argument dsbuild does not take (remove"),
+        (
+            {"ddp_backend": "gloo"},
+            "training.ddp_backend: an HF TrainingArguments argument dsbuild does not take (remove",
+        ),
         ({"report_to": ["mlflow"]}, "training.report_to: 'mlflow' is not one of DeepSpeed's monitors"),
         ({"report_to": "all"}, "training.report_to: 'all' is not one of DeepSpeed's monitors"),
         ({"eval_strategy": "sometimes"}, "training.eval_strategy: got 'sometimes', expected one of 'no', 'steps'"),
