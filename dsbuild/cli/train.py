@@ -223,13 +223,15 @@ def _requeue() -> None:
 
 
 def _refused(job: Any) -> list[Diagnostic]:
-    """What the run's DeepSpeed cannot do on this machine, found before any process starts: DeepCompile on an
-    accelerator without its op (DeepSpeed's CPU accelerator)."""
+    """What the run would not do as its config says, found before any process starts: a feature dsbuild refuses
+    (``features.REFUSED``), DeepCompile on an accelerator without its op (DeepSpeed's CPU accelerator)."""
+    from ..features import refusals
     from ..validate import Diagnostic
 
+    found = [Diagnostic(p.path, "error", p.message, p.hint) for p in refusals(job.config.to_dict())]
     if job.config.compile is None or job.config.compile.deepcompile is not True:
-        return []
+        return found
     from ..session.setup import deepcompile_refusal  # torch: only a job that asks for DeepCompile pays for it
 
     reason = deepcompile_refusal(job.config.to_dict())
-    return [Diagnostic("compile.deepcompile", "error", reason)] if reason else []
+    return [*found, Diagnostic("compile.deepcompile", "error", reason)] if reason else found

@@ -27,6 +27,7 @@ import torch
 from .. import history, manifest
 from ..api import Config
 from ..errors import ConfigError, Problem, SessionError, UnresolvedAutoError
+from ..features import refusals
 from ..training import Training
 from . import batches, building, checkpoints, distributed, export, loop, weights_only
 from .batches import as_float, counts, forward_arguments, loss_of, takes_batch, to_device
@@ -247,6 +248,9 @@ class Session:
         if scheduler is None and "scheduler" not in ds_config and self.training is not None and steps is not None:
             # No DeepSpeed scheduler: the HF Trainer's own, from lr_scheduler_type, as the Trainer adds it.
             scheduler = hf_scheduler(self.training, steps)
+        refused = refusals(ds_config)
+        if refused:
+            raise ConfigError(refused)
         refusal = deepcompile_refusal(ds_config)
         if refusal is not None:
             raise SessionError(f"compile.deepcompile: {refusal}")

@@ -36,6 +36,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "dsbuild.slurm",
         "dsbuild.docstrings",
         "dsbuild.files",
+        "dsbuild.features",
     ),
     # 1: the typed model and the builder (data only)
     ("dsbuild.config",),
