@@ -270,6 +270,25 @@ _TOML_LONG_KEY = re.compile(
 or after ``{`` or ``,`` in an inline table."""
 
 
+def _key_set_twice(text: str, line: int) -> str | None:
+    """The dotted key that line ``line`` of a TOML text sets again (its table's header before it), or ``None``
+    where the line is not a plain ``key = value``."""
+    lines = text.splitlines()
+    if not 1 <= line <= len(lines):
+        return None
+    key, equals, _ = lines[line - 1].partition("=")
+    key = key.strip()
+    if not equals or not re.fullmatch(r"[A-Za-z0-9_.-]+", key):
+        return None
+    table = ""
+    for before in reversed(lines[: line - 1]):
+        header = re.fullmatch(r"\s*\[\[?\s*([A-Za-z0-9_.-]+)\s*\]\]?\s*(#.*)?", before)
+        if header:
+            table = header.group(1) + "."
+            break
+    return table + key
+
+
 def _parse_toml(text: str, path: Path) -> dict[str, Any]:
     # tomllib spends time and memory with the square of a dotted key's parts (a 100,000-part key takes
     # gigabytes): a key that would nest too deep is refused before it is parsed.
@@ -292,6 +311,12 @@ def _parse_toml(text: str, path: Path) -> dict[str, Any]:
         else:
             where = f" at line {match.group(1)}, column {match.group(2)}"
         reason = message[: match.start()] if match else message
+        if match is not None and match.group(1) is not None and reason.startswith("Cannot overwrite a value"):
+            twice = _key_set_twice(text, int(match.group(1)))
+            if twice is not None:
+                raise ConfigError(
+                    Problem(twice, f"set twice (again at line {match.group(1)})", "keep one"), source=str(path)
+                ) from None
         raise ConfigError(f"invalid TOML{where}: {reason}", source=str(path)) from None
     except ValueError as e:  # a number of more digits than Python converts
         raise ConfigError(f"invalid TOML: {_reason(e)}", source=str(path)) from None

@@ -46,6 +46,10 @@ UNKNOWN_KEY_HINTS: dict[tuple[str, str], str] = {
     ("Compile", "disable"): "DeepSpeed 0.19 has no compile.disable: remove the compile section to not compile",
     ("Compile", "backend"): "DeepSpeed 0.19 has no compile.backend: the backend is an argument of engine.compile()",
     ("Compile", "enabled"): "DeepSpeed 0.19 has no compile.enabled: set deepcompile, or call engine.compile()",
+    ("Aio", "thread_count"): (
+        "renamed intra_op_parallelism in DeepSpeed, which reads only the new name; the HF docs' NVMe example still "
+        "writes thread_count"
+    ),
 }
 """What to do about a key a section does not take, where a suggestion by spelling would mislead (by section class
 name; ``"Config"`` for the top level)."""

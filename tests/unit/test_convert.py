@@ -408,6 +408,11 @@ def test_null_is_unset_where_deepspeed_reads_it_as_its_default() -> None:
             " and comet sections)",
         ),
         ({"cuda_visible_devices": 0}, "cuda_visible_devices: unknown key"),
+        (
+            {"aio": {"thread_count": 2}},
+            "aio.thread_count: unknown key (renamed intra_op_parallelism in DeepSpeed, which reads only the new name; "
+            "the HF docs' NVMe example still writes thread_count)",
+        ),
     ],
 )
 def test_unknown_keys_name_the_path_and_suggest(data: dict[str, Any], expected: str) -> None:

@@ -263,6 +263,14 @@ def test_invalid_toml_gives_line_and_column(tmp_path: Path) -> None:
     assert str(err) == f"{path}: invalid TOML at line 2, column 7: Expected '=' after a key in a key/value pair"
 
 
+def test_a_key_set_twice_in_toml_is_named(tmp_path: Path) -> None:
+    """tomllib says only "Cannot overwrite a value" and where; the error names the dotted key and the line."""
+    path = _write(tmp_path / "ds.toml", "[zero_optimization]\nstage = 2\n# again\nstage = 3\n")
+    assert str(_error(load, path)) == f"{path}: zero_optimization.stage: set twice (again at line 4) (keep one)"
+    top = _write(tmp_path / "top.toml", "train_batch_size = 8\ntrain_batch_size = 16\n")
+    assert str(_error(load, top)) == f"{top}: train_batch_size: set twice (again at line 2) (keep one)"
+
+
 def test_invalid_toml_at_the_end(tmp_path: Path) -> None:
     """A value cut off at the end of the file."""
     path = _write(tmp_path / "ds.toml", "train_batch_size = ")
