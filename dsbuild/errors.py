@@ -7,7 +7,7 @@ are reported together, one per line.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Literal
 
 import attrs
@@ -170,11 +170,3 @@ def error_of(problems: Iterable[Problem], *, source: str | None = None) -> Confi
     kinds = {p.kind for p in problems}
     cls = _CLASS_OF_KIND[kinds.pop()] if len(kinds) == 1 else ConfigError
     return cls(problems, source=source)
-
-
-def merge_errors(errors: Sequence[ConfigError]) -> ConfigError:
-    """One error holding the problems of several (the most specific common class)."""
-    problems = [p for e in errors for p in e.problems]
-    classes = {type(e) for e in errors}
-    cls = classes.pop() if len(classes) == 1 else ConfigError
-    return cls(problems)

@@ -124,10 +124,6 @@ def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else str(x)
 
 
-def _is_number(v: object) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
 def _is_finite_number(v: object) -> bool:
     if isinstance(v, float):
         return math.isfinite(v)

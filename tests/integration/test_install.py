@@ -8,6 +8,7 @@ SDK's own code is run on it too, else with this interpreter.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -22,8 +23,10 @@ pytestmark = pytest.mark.slow  # builds a wheel and installs into a new environm
 
 
 def _oldest_python() -> str:
-    for candidate in ("python3.10", str(Path.home() / ".pyenv/versions/3.10.13/bin/python3.10")):
-        found = shutil.which(candidate) or (candidate if Path(candidate).is_file() else None)
+    """The oldest Python dsbuild supports (3.10) where this machine has one on PATH, else this interpreter; set
+    DSBUILD_TEST_PYTHON to name another."""
+    for candidate in (os.environ.get("DSBUILD_TEST_PYTHON", ""), "python3.10"):
+        found = shutil.which(candidate) if candidate else None
         if found:
             probe = subprocess.run([found, "-c", "import venv, ensurepip"], capture_output=True, timeout=60)
             if probe.returncode == 0:

@@ -14,7 +14,7 @@ from dsbuild import (
     UnknownKeyError,
     UnresolvedAutoError,
 )
-from dsbuild.errors import Problem, merge_errors
+from dsbuild.errors import Problem
 from dsbuild.suggest import closest, did_you_mean
 
 
@@ -80,17 +80,6 @@ def test_prefixed_and_with_source_keep_the_class() -> None:
     assert type(moved) is UnknownKeyError
     assert str(moved) == "zero_optimization.overlap_com: unknown key"
     assert type(e.with_source("ds.json")) is UnknownKeyError
-
-
-def test_merge_errors() -> None:
-    """Merged errors keep their common class, else become a plain ConfigError; problems stay in order."""
-    a = UnknownKeyError(Problem("a", "unknown key"))
-    b = UnknownKeyError(Problem("b", "unknown key"))
-    c = InvalidValueError(Problem("c", "bad"))
-    assert type(merge_errors([a, b])) is UnknownKeyError
-    merged = merge_errors([a, c])
-    assert type(merged) is ConfigError
-    assert [p.path for p in merged.problems] == ["a", "c"]
 
 
 def test_missing_dependency_names_the_install_command() -> None:
