@@ -100,6 +100,11 @@ def add_plan(commands: Commands) -> None:
         help="GPU memory kept free for the CUDA context and fragmentation: a size, a percent or both "
         "(default: 2GiB+10%%)",
     )
+    p.add_argument(
+        "--nvme",
+        metavar="PATH",
+        help="a directory on a local NVMe drive: NVMe offload rows may be recommended (default: they are not)",
+    )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--emit", metavar="FILE", type=Path, help="write the recommended config as TOML (or JSON by suffix)")
     p.set_defaults(handler=_plan)
@@ -120,6 +125,7 @@ def _plan(args: argparse.Namespace) -> int:
         cpu_memory=args.cpu_memory,
         flash_attention=args.flash_attention,
         headroom=args.headroom,
+        nvme_path=args.nvme,
         **{
             name: value
             for name, value in (

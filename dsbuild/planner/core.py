@@ -38,7 +38,8 @@ __all__ = [
 ]
 
 DEFAULT_NVME_PATH = "/local_nvme"
-"""Where the recommended NVMe config puts its swap files; replace it with a directory on a local NVMe drive."""
+"""Where the config of an NVMe row puts its swap files when no NVMe directory was given (a placeholder: NVMe rows are
+recommended only when one was)."""
 
 
 SPEED_ORDER: tuple[tuple[int, Device, Device], ...] = (
@@ -97,7 +98,9 @@ class Row:
     nvme_bytes: int
     """Bytes on the NVMe drive of each node (0 without NVMe offload)."""
     fits: bool
-    """``gpu_total_bytes`` within the GPU and ``cpu_bytes_per_node`` within the CPU budget (one not given always fits)."""
+    """``gpu_total_bytes`` within the GPU and, for rows that offload, ``cpu_bytes_per_node`` within the CPU budget (one
+    not given always fits). A row without offload is not held to DeepSpeed's cold estimate of the host memory that
+    loading the fp32 model in every process takes: transformers loads a checkpoint shard by shard."""
 
     @property
     def label(self) -> str:
@@ -154,8 +157,8 @@ class Plan:
     """The rule the headroom follows (a fixed part and a percent of the GPU)."""
     headroom_bytes: int
     """GPU memory kept free on each GPU: the CUDA context, workspaces, buffers and fragmentation."""
-    nvme_path: str = DEFAULT_NVME_PATH
-    """The NVMe directory configs of NVMe rows use."""
+    nvme_path: str | None = None
+    """The NVMe directory given for NVMe rows; ``None``: no NVMe, so no NVMe row is recommended."""
 
     @property
     def world_size(self) -> int:
@@ -181,7 +184,7 @@ class Plan:
 
     def config_for(self, row: Row) -> Config:
         """The config of any row, built as ``recommended`` is (``Config.zero(...)`` plus offload verbs)."""
-        return _config_for(row, self.largest_layer_params, self.world_size, self.nvme_path)
+        return _config_for(row, self.largest_layer_params, self.world_size, self.nvme_path or DEFAULT_NVME_PATH)
 
 
 def plan(
@@ -198,7 +201,7 @@ def plan(
     gradient_checkpointing: bool = True,
     flash_attention: bool = False,
     headroom: str | int | float | None = None,
-    nvme_path: str = DEFAULT_NVME_PATH,
+    nvme_path: str | None = None,
     additional_buffer_factor: float = ADDITIONAL_BUFFER_FACTOR,
 ) -> Plan:
     """Memory per GPU of every ZeRO stage × offload choice, and the fastest config that fits.
@@ -214,6 +217,9 @@ def plan(
     with ``gradient_checkpointing``, full recomputation; with
     ``flash_attention``, no stored attention scores), and the ``headroom``: a
     size, a percent of the GPU or both, ``"2GiB+10%"`` by default.
+
+    NVMe rows are recommended only with ``nvme_path`` (a directory on a local NVMe drive). When nothing fits, the
+    reason names the fewest nodes on which a row without NVMe fits, and LoRA.
     """
     problems: list[Problem] = []
     for name, value in (
@@ -278,8 +284,29 @@ def plan(
         _row(stage, opt, par, total, largest, gpus_per_node, nodes, factor, per_gpu, gpu_budget, cpu_budget)
         for stage, opt, par in SPEED_ORDER
     )
-    chosen = next((r for r in rows if r.fits), None)
-    recommended = _config_for(chosen, largest, gpus_per_node * nodes, nvme_path) if chosen else None
+    chosen = next((r for r in rows if r.fits and (nvme_path is not None or not _on_nvme(r))), None)
+    recommended = (
+        _config_for(chosen, largest, gpus_per_node * nodes, nvme_path or DEFAULT_NVME_PATH) if chosen else None
+    )
+    more_nodes = None
+    if chosen is None and not any(r.fits and not _on_nvme(r) for r in rows):
+        for n in (2 * nodes, 4 * nodes, 8 * nodes, 16 * nodes):
+            wider = [
+                _row(stage, opt, par, total, largest, gpus_per_node, n, factor, per_gpu, gpu_budget, cpu_budget)
+                for stage, opt, par in SPEED_ORDER
+                if "nvme" not in (opt, par)
+            ]
+            found = next((r for r in wider if r.fits), None)
+            if found is not None:
+                more_nodes = (n, found)
+                break
+    cold = [r for r in rows if not _offloads(r) and cpu_budget is not None and r.cpu_bytes_per_node > cpu_budget]
+    if cold:
+        notes.append(
+            f"DeepSpeed's estimator counts {gib(max(r.cpu_bytes_per_node for r in cold))} of CPU memory per node for "
+            "rows without offload (every process loading the fp32 model first, cold); transformers loads a "
+            "checkpoint shard by shard, so those rows are not held to it"
+        )
 
     notes[:0] = _notes(acts, rule, kept, gpu_memory, gpu_budget, gradient_checkpointing, flash_attention)
     notes += [
@@ -306,7 +333,7 @@ def plan(
         rows=rows,
         recommended=recommended,
         recommended_row=chosen,
-        reason=_reason(rows, chosen, gpu_budget, cpu_budget, kept, acts),
+        reason=_reason(rows, chosen, gpu_budget, cpu_budget, kept, acts, nvme_path, more_nodes),
         notes=tuple(notes),
         source=source,
         shape=shape,
@@ -383,7 +410,8 @@ def _row(
 ) -> Row:
     gpu, cpu, nvme = model_state_bytes(stage, opt, par, params, largest, gpus_per_node, nodes, factor)
     total = gpu + per_gpu
-    fits = (gpu_budget is None or total <= gpu_budget) and (cpu_budget is None or cpu <= cpu_budget)
+    offloads = opt != "none" or par != "none"
+    fits = (gpu_budget is None or total <= gpu_budget) and (cpu_budget is None or not offloads or cpu <= cpu_budget)
     return Row(
         stage,
         opt,
@@ -415,6 +443,14 @@ def _config_for(row: Row, largest: int, world_size: int, nvme_path: str) -> Conf
     return cfg
 
 
+def _on_nvme(row: Row) -> bool:
+    return "nvme" in (row.offload_optimizer, row.offload_param)
+
+
+def _offloads(row: Row) -> bool:
+    return row.offload_optimizer != "none" or row.offload_param != "none"
+
+
 def _reason(
     rows: tuple[Row, ...],
     chosen: Row | None,
@@ -422,6 +458,8 @@ def _reason(
     cpu: int | None,
     kept: int,
     acts: Activations | None,
+    nvme_path: str | None = None,
+    more_nodes: tuple[int, Row] | None = None,
 ) -> str:
     usable = (
         f"{gib(max(0, gpu - kept))} usable per GPU ({gib(gpu)} less {gib(kept)} headroom)" if gpu is not None else ""
@@ -437,6 +475,15 @@ def _reason(
         if cpu is None and chosen.cpu_bytes_per_node:
             text += f"; it needs {gib(chosen.cpu_bytes_per_node)} CPU memory per node"
         return text + unknown
+    options = []
+    nvme_fits = next((r for r in rows if r.fits and _on_nvme(r)), None)
+    if nvme_fits is not None and nvme_path is None:
+        options.append(f"{nvme_fits.label} fits: give a directory on a local NVMe drive (nvme_path, --nvme PATH)")
+    if more_nodes is not None:
+        options.append(f"{more_nodes[1].label} fits on {more_nodes[0]} nodes")
+    options.append("train LoRA adapters: the frozen base needs only its 16-bit weights (plan the job's model)")
+    if nvme_fits is not None or more_nodes is not None:
+        return "nothing fits without NVMe on these nodes: " + "; or ".join(options) + unknown
     gpu_fits = [r for r in rows if gpu is None or r.gpu_total_bytes <= gpu]
     if gpu is not None and kept >= gpu:
         return f"nothing fits: the headroom, {gib(kept)}, takes all of the {gib(gpu)} per GPU; give a smaller headroom"
@@ -449,7 +496,7 @@ def _reason(
             smaller += f"shorter sequences or a smaller micro-batch (activations {gib(acts.total)}), "
         return (
             f"nothing fits in {usable}: the smallest need is {gib(need)} ({least.label}); add GPUs or nodes, "
-            f"{smaller}or split the model (tensor/pipeline parallel){unknown}"
+            f"{smaller}train LoRA adapters, or split the model (tensor/pipeline parallel){unknown}"
         )
     least = min(gpu_fits, key=lambda r: (r.cpu_bytes_per_node, r.gpu_total_bytes))
     within = f" of the choices that fit {usable}," if gpu is not None else ""

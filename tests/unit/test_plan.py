@@ -504,8 +504,8 @@ def test_nothing_fits_the_gpu() -> None:
     assert p.recommended is None and p.recommended_row is None
     assert p.reason == (
         "nothing fits in 1.60 GiB usable per GPU (4.00 GiB less 2.40 GiB headroom): the smallest need is 3.73 GiB "
-        "(ZeRO-3, optimizer on NVMe, parameters on NVMe); add GPUs or nodes, or split the model "
-        "(tensor/pipeline parallel); activations not counted (give the model's config)"
+        "(ZeRO-3, optimizer on NVMe, parameters on NVMe); add GPUs or nodes, train LoRA adapters, or split the "
+        "model (tensor/pipeline parallel); activations not counted (give the model's config)"
     )
     eaten = plan(params="70B", gpu_memory="2GiB")
     assert eaten.usable_gpu_memory == 0
@@ -516,14 +516,47 @@ def test_nothing_fits_the_gpu() -> None:
 
 
 def test_nothing_fits_the_cpu() -> None:
-    """Enough GPU for offloaded rows only, too little CPU for them: the reason names the CPU need."""
-    p = plan(params="70B", largest_layer_params="1B", gpus_per_node=8, gpu_memory="16GiB", cpu_memory="32GiB")
+    """Enough GPU for offloaded rows only, too little CPU for them: the reason names the CPU need (and where more
+    nodes would do, those first)."""
+    wider = plan(params="70B", largest_layer_params="1B", gpus_per_node=8, gpu_memory="16GiB", cpu_memory="32GiB")
+    assert wider.recommended is None
+    assert wider.reason.startswith(
+        "nothing fits without NVMe on these nodes: ZeRO-3, parameters on CPU fits on 16 nodes"
+    )
+    p = plan(params="70B", largest_layer_params="1B", gpus_per_node=8, gpu_memory="16GiB", cpu_memory="1GiB")
     assert p.recommended is None
     assert p.reason.startswith(
-        "nothing fits in 32.00 GiB CPU memory per node: of the choices that fit 12.40 GiB usable per GPU "
+        "nothing fits in 1.00 GiB CPU memory per node: of the choices that fit 12.40 GiB usable per GPU "
         "(16.00 GiB less 3.60 GiB headroom),"
     )
     assert p.reason.endswith("add CPU memory or nodes; activations not counted (give the model's config)")
+
+
+def test_a_row_without_offload_is_not_held_to_deepspeeds_cold_host_estimate() -> None:
+    """7B on 8 x 80 GiB with 256 GiB of host memory: ZeRO-1 and ZeRO-2 stay possible (DeepSpeed's estimator counts
+    313 GiB for every process loading the fp32 model first), and a note says so."""
+    p = plan(params="7B", largest_layer_params="0.5B", gpus_per_node=8, gpu_memory="80GiB", cpu_memory="256GiB")
+    assert p.row(2).fits and p.row(2).cpu_bytes_per_node > 256 * 2**30
+    assert p.recommended_row is not None and p.recommended_row.label == "ZeRO-1"
+    assert any(n.startswith("DeepSpeed's estimator counts 312.92 GiB of CPU memory per node") for n in p.notes)
+    # an offloaded row is held to what it offloads
+    assert not plan(params="7B", gpus_per_node=8, gpu_memory="20GiB", cpu_memory="64GiB").row(2, "cpu").fits
+
+
+def test_nvme_only_when_given_else_more_nodes_or_lora() -> None:
+    """70B on one 8 x 80 GiB node with 1 TiB of host memory: no NVMe row without an NVMe directory; the reason
+    offers the NVMe row, 2 nodes, or LoRA. Given --nvme, the NVMe row is the pick, at that path."""
+    q = plan(params="70B", largest_layer_params="1B", gpus_per_node=8, gpu_memory="80GiB", cpu_memory="1TiB")
+    assert q.recommended is None
+    assert q.reason.startswith(
+        "nothing fits without NVMe on these nodes: ZeRO-3, optimizer on NVMe fits: give a directory on a local NVMe "
+        "drive (nvme_path, --nvme PATH); or ZeRO-3, optimizer on CPU fits on 2 nodes; or train LoRA adapters"
+    )
+    r = plan(params="70B", largest_layer_params="1B", gpus_per_node=8, gpu_memory="80GiB", cpu_memory="1TiB",
+             nvme_path="/mnt/nvme0")  # fmt: skip
+    assert r.recommended_row is not None and r.recommended_row.label == "ZeRO-3, optimizer on NVMe"
+    assert r.recommended is not None
+    assert r.recommended.to_dict()["zero_optimization"]["offload_optimizer"]["nvme_path"] == "/mnt/nvme0"
 
 
 def test_largest_layer_comes_from_the_model_or_a_note() -> None:
