@@ -44,6 +44,7 @@ from .suggest import did_you_mean
 
 __all__ = [
     "SUFFIXES",
+    "config_ref",
     "load",
     "merge",
     "parser_for",
@@ -64,6 +65,25 @@ SUFFIXES = (".json", ".toml", ".yaml", ".yml")
 """File suffixes ``load`` understands (case-insensitive)."""
 
 Parser = Callable[[str, Path], dict[str, Any]]
+
+
+def config_ref(ref: str, base: Path | None = None) -> Path | None:
+    """The one rule for a string that names a config (``Session(model, "zero3")``, ``dsbuild validate zero3``,
+    a job's ``strategy.config``): the file it names, or ``None`` for the packaged preset of that name.
+
+    A separator or a config suffix (``./zero3``, ``ds.json``) makes it a path. A bare word that is a preset's name is
+    that preset, whatever file sits beside it (``./zero3`` is the file); another bare word is the file of that name
+    in ``base`` (default the current directory) when there is one, else a preset name that is not there (its error
+    lists the presets).
+    """
+    path = Path(ref).expanduser()
+    if "/" in ref or "\\" in ref or path.suffix.lower() in SUFFIXES:
+        return path if base is None or path.is_absolute() else base / path
+    if ref in preset_names():
+        return None  # the preset, whatever file sits beside it (write ./NAME for the file)
+    here = (base or Path()) / ref
+    return here if here.is_file() else None  # neither: the preset error says which names there are
+
 
 # -- reading -------------------------------------------------------------------
 

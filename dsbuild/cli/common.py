@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,11 +17,10 @@ from ..deepspeed_verdict import deepspeed_verdict
 from ..errors import ConfigError, DsbuildError
 from ..extras import missing
 from ..interop import for_accelerate, with_deepspeed_scheduler
-from ..io import SUFFIXES, read_dict, read_table, to_config
+from ..io import config_ref, read_dict, read_table, to_config
 from ..job import Job, looks_like_job, read_job_dict
 from ..model import model_problems
 from ..overrides import parse_set, set_dotted
-from ..presets import preset_names
 from ..resolve import model_hidden_size
 from ..training import Training
 from ..validate import Diagnostic, validate
@@ -171,14 +169,8 @@ def load_problems(ref: str, sets: Sequence[str]) -> list[Diagnostic]:
 
 
 def as_path(ref: str) -> Path | None:
-    """``ref`` as a file path, or ``None`` when it names a preset."""
-    path = Path(ref)
-    # A suffix or a directory part means a file; a bare word is a preset unless only a file has that name.
-    if path.suffix.lower() in SUFFIXES or os.sep in ref or "/" in ref:
-        return path
-    if ref in preset_names() or not path.exists():
-        return None
-    return path
+    """``ref`` as a file path, or ``None`` when it names a preset (``io.config_ref``: the one rule)."""
+    return config_ref(ref)
 
 
 def load_ref(ref: str) -> Config:

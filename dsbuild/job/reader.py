@@ -16,8 +16,8 @@ from ..config.fields import Spec, check_value, coerce, describe, key_of
 from ..config.walk import leaves
 from ..errors import ConfigError, DsbuildError, Problem
 from ..files import real_path, special_file
-from ..io import SUFFIXES, merge, read_dict, read_table, to_config
-from ..presets import preset_names, preset_path
+from ..io import config_ref, merge, read_dict, read_table, to_config
+from ..presets import preset_path
 from ..resolve import model_hidden_size
 from ..suggest import did_you_mean
 from ..training import Training
@@ -525,14 +525,10 @@ class JobReader:
 
     def config_file(self, ref: str) -> tuple[dict[str, Any] | None, str]:
         """The ds_config dict a ``strategy.config`` string names: a file next to the job, or a preset."""
-        looks_like_path = "/" in ref or "\\" in ref or Path(ref).suffix.lower() in SUFFIXES
         try:
-            if looks_like_path:
-                file = real_path(self.base_dir / Path(ref).expanduser())
-                data, _ = read_dict(file)
-                return data, f"file {ref}"
-            if ref not in preset_names() and (self.base_dir / ref).is_file():
-                data, _ = read_dict(self.base_dir / ref)
+            file = config_ref(ref, self.base_dir)  # the rule Session and the CLI follow
+            if file is not None:
+                data, _ = read_dict(real_path(file))
                 return data, f"file {ref}"
             data, _ = read_dict(preset_path(ref))
             return data, f"preset {ref}"

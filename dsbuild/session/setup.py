@@ -14,6 +14,7 @@ import torch
 
 from ..api import Config
 from ..errors import ConfigError, Problem, UnresolvedAutoError
+from ..io import config_ref
 from ..training import REPORT_TO, Training
 from ..validate import check
 
@@ -43,10 +44,11 @@ def as_config(config: Config | Mapping[str, Any] | str | os.PathLike[str]) -> Co
         return config
     if isinstance(config, Mapping):
         return Config.from_dict(config)
-    if isinstance(config, (str, os.PathLike)):
-        if Path(config).is_file():
-            return Config.load(Path(config))
-        return Config.preset(str(config))
+    if isinstance(config, os.PathLike):
+        return Config.load(Path(config))
+    if isinstance(config, str):
+        path = config_ref(config)  # a preset name, or a file: the rule the CLI and jobs follow
+        return Config.preset(config) if path is None else Config.load(path)
     raise ConfigError(
         Problem("config", f"got {type(config).__name__}, expected a Config, a ds_config dict, a path or a preset name")
     )
