@@ -228,10 +228,11 @@ def _refused(job: Any) -> list[Diagnostic]:
     from ..features import refusals
     from ..validate import Diagnostic
 
-    found = [Diagnostic(p.path, "error", p.message, p.hint) for p in refusals(job.config.to_dict())]
+    ds_config = job.config.to_dict()
+    found = [Diagnostic(p.path, "error", p.message, p.hint) for p in refusals(ds_config)]
     if job.config.compile is None or job.config.compile.deepcompile is not True:
         return found
     from ..session.setup import deepcompile_refusal  # torch: only a job that asks for DeepCompile pays for it
 
-    reason = deepcompile_refusal(job.config.to_dict())
+    reason = deepcompile_refusal(ds_config)
     return [*found, Diagnostic("compile.deepcompile", "error", reason)] if reason else found

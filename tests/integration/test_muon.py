@@ -49,6 +49,8 @@ def test_muon_trains_a_tiny_llama(stage: int) -> None:
     losses = [session.step(data).loss for _ in range(10)]
     assert losses[-1] < 0.9 * losses[0], losses
     assert type(session.engine.optimizer).__name__ in ("DeepSpeedZeroOptimizer", "MuonWithAuxAdam")
-    muon = [p for p in session.engine.module.parameters() if getattr(p, "use_muon", False)]
-    assert muon, "no parameter was given to Muon"
-    del before
+    params = dict(session.engine.module.named_parameters())
+    muon = {name for name, p in params.items() if getattr(p, "use_muon", False)}
+    assert muon and muon != set(params), "Muon should take the hidden matrices and leave the rest to Adam"
+    moved = {name for name, p in params.items() if not torch.equal(p.detach().float(), before[name].float())}
+    assert moved == set(params), f"not trained: {sorted(set(params) - moved)}"
