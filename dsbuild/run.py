@@ -49,6 +49,7 @@ logger = logging.getLogger("dsbuild")
 __all__ = [
     "HISTORY",
     "LOSS_PLOT",
+    "Hooks",
     "Prepared",
     "RunResult",
     "preflight",
@@ -64,6 +65,19 @@ LOSS_PLOT = "loss.png"
 
 _QUIET = r"`torch\.distributed\.\w+` is deprecated"
 """torch warns on every step that DeepSpeed calls its old collective names; nothing a user can act on."""
+
+
+@attrs.frozen
+class Hooks:
+    """What a launcher other than torchrun adds to each rank's run (Ray's backend: ``dsbuild.ray_train``)."""
+
+    restore: Path | None = None
+    """A checkpoint's folder (``.../global_stepN``) to resume from, verified as ``--resume`` verifies: the
+    launcher's latest checkpoint (Ray's, after a restart). It comes before ``resume``."""
+    after_save: Callable[[Path], None] | None = None
+    """``Session.after_save``: given each saved checkpoint's folder, on every rank."""
+    save_requested: Callable[[], bool] | None = None
+    """``Session.save_requested``: asked after each step, on every rank; ``True`` saves a checkpoint now."""
 
 
 @attrs.frozen
@@ -206,18 +220,24 @@ def run(
     resume_from: str | None = None,
     terminate_on_nan: bool = True,
     data: Datasets | None = None,
+    hooks: Hooks | None = None,
 ) -> RunResult:
     """Train ``job`` in this process (one rank of the run); see the module docstring.
 
     ``resume``: continue from the newest checkpoint in ``output_dir`` that verifies (``resume_from``: that
     tag). ``data``: the job's data already tokenized (by ``preflight``). The few lines worth telling (what
     was resumed, what the data lost) go to the ``dsbuild`` logger, from rank 0. Guarding the output folder
-    is the launcher's (``dsbuild.output_dir``).
+    is the launcher's (``dsbuild.output_dir``). ``hooks``: what a launcher other than torchrun adds.
     """
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_QUIET, category=FutureWarning)
         return _run(
-            job, resume=resume or resume_from is not None, tag=resume_from, terminate_on_nan=terminate_on_nan, data=data
+            job,
+            resume=resume or resume_from is not None,
+            tag=resume_from,
+            terminate_on_nan=terminate_on_nan,
+            data=data,
+            hooks=hooks or Hooks(),
         )
 
 
@@ -274,12 +294,15 @@ def prepare(job: Job, data: Datasets | None = None) -> Prepared:
     return Prepared(session, train, evaluation, collate_fn, total, note)
 
 
-def _run(job: Job, *, resume: bool, tag: str | None, terminate_on_nan: bool, data: Datasets | None) -> RunResult:
+def _run(
+    job: Job, *, resume: bool, tag: str | None, terminate_on_nan: bool, data: Datasets | None, hooks: Hooks
+) -> RunResult:
     from .session import distributed
 
     ready = prepare(job, data)
     session = ready.session
     session.terminate_on_nan = terminate_on_nan
+    session.after_save, session.save_requested = hooks.after_save, hooks.save_requested
     main_process = distributed.rank() == 0
     say = logger.info if main_process else (lambda _: None)
     if ready.note:
@@ -287,7 +310,12 @@ def _run(job: Job, *, resume: bool, tag: str | None, terminate_on_nan: bool, dat
 
     resumed_from = None
     save_dir = job.output_dir / "checkpoints"
-    if resume:
+    history_file = job.output_dir / HISTORY
+    if hooks.restore is not None:
+        position = session.load_checkpoint(hooks.restore.parent, tag=hooks.restore.name)  # verified, as --resume
+        resumed_from = position["global_step"]
+        say(f"resumed from {hooks.restore} at step {resumed_from}")
+    elif resume:
         if tag is None and not candidates(save_dir):
             say(f"--resume: no checkpoint in {save_dir}; starting from step 0")
         else:
@@ -303,6 +331,10 @@ def _run(job: Job, *, resume: bool, tag: str | None, terminate_on_nan: bool, dat
                     2 * ready.total_steps,
                 )
 
+    if main_process:
+        # The history goes on from the checkpoint: records of an attempt that died after it are dropped.
+        history.cut_after(history_file, resumed_from or 0)
+
     # Checkpoints (every save_steps, and at the end) come from fit; evaluation every eval_steps (default: at each
     # checkpoint, and at the end).
     training = job.training
@@ -314,7 +346,6 @@ def _run(job: Job, *, resume: bool, tag: str | None, terminate_on_nan: bool, dat
         session.evaluate(ready.evaluation, collate_fn=ready.collate_fn)  # the final model too (in the history)
     session.save_model()  # HF format, or the LoRA adapters; collective
 
-    history_file = job.output_dir / HISTORY
     if main_process:
         why_not = plot_in_child(history_file, job.output_dir / LOSS_PLOT, title=_title(job))
         if why_not:

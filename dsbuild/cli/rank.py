@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from ..errors import ConfigError, DsbuildError, NonFiniteLossError, RunStopped
 from ..job import demo_job_path, load_job
@@ -68,6 +69,16 @@ def _main(argv: Sequence[str] | None) -> int:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
     return 0
+
+
+def ray_worker(config: dict[str, Any]) -> None:
+    """One rank of ``dsbuild train --backend ray``, on a Ray Train worker: the job's run (``run.run``, as ``main``
+    runs it under torchrun) with Ray's hooks (``dsbuild.ray_train.run_worker``). An error propagates to Ray, which
+    restarts the group (``launch.max_failures``) or gives the run up and shows it."""
+    from ..ray_train import run_worker
+
+    show_logs()
+    run_worker(config)
 
 
 if __name__ == "__main__":

@@ -93,6 +93,17 @@ def add_train(commands: Commands) -> None:
             "sbatch script serves the first run and every requeue"
         ),
     )
+    p.add_argument(
+        "--backend",
+        choices=("torchrun", "ray"),
+        help="what starts the processes: torchrun (default), or Ray Train's workers on a Ray cluster (docs/ray.md; "
+        "default: the job's launch.backend)",
+    )
+    p.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="with --backend ray: the Ray cluster to run on (default: RAY_ADDRESS, else a local cluster started here)",
+    )
     p.set_defaults(handler=_train)
 
 
@@ -105,8 +116,19 @@ def _train(args: argparse.Namespace) -> int:
     from .common import job_sets
 
     require("dsbuild train")  # before anything is read: a config-only install says which pip install trains
+    if args.backend == "ray":
+        require("dsbuild train --backend ray", "ray", extra="ray")
     path = Path(args.job) if args.job is not None else demo_job_path()
     job = load_job(path, job_sets(args.set))
+    backend = args.backend or job.launch.backend
+    if backend == "ray":
+        require("dsbuild train --backend ray", "ray", extra="ray")
+        if args.resume_from is not None:
+            error("--resume-from: not with the Ray backend, which resumes from Ray's latest checkpoint: pass --resume")
+            return 2
+    elif args.ray_address is not None:
+        error('--ray-address: only with --backend ray (or launch.backend = "ray" in the job)')
+        return 2
     nproc = args.nproc_per_node or job.launch.nproc_per_node
     # Flags first, then the Slurm job this runs in, then the job file (docs/jobs.md, "Slurm").
     nodes = launch.nodes(
@@ -166,7 +188,26 @@ def _train(args: argparse.Namespace) -> int:
         env = launch.device_env(job, node_rank, nnodes)
         if nodes.origin:
             print(f"dsbuild: {escape_lines(nodes.origin)}", file=sys.stderr)
-        if nproc * nnodes == 1 and nodes.master_port is None:
+        if backend == "ray":
+            from .. import ray_train
+            from .rank import ray_worker
+
+            code, report = ray_train.train(
+                job,
+                path,
+                ray_worker,
+                workers=nproc * nnodes,
+                address=args.ray_address,
+                sets=job_sets(args.set),
+                resume=args.resume,
+                terminate_on_nan=not args.no_terminate_on_nan,
+            )
+            for line in report:
+                say = "" if code in (0, RunStopped.EXIT_CODE) or line.startswith(" ") else "error: "
+                print(f"dsbuild: {say}{escape_lines(line)}" if not line.startswith(" ") else line, file=sys.stderr)
+            if code != 0:
+                return code
+        elif nproc * nnodes == 1 and nodes.master_port is None:
             os.environ.update(env)
             try:
                 run.run(

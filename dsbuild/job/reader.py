@@ -36,6 +36,7 @@ from .formats import (
 )
 from .spec import (
     ATTN_IMPLEMENTATIONS,
+    BACKENDS,
     BYTE_TOKENIZER,
     BYTE_VOCAB,
     DTYPES,
@@ -539,7 +540,16 @@ class JobReader:
             return None, ""
 
     def launch(self, t: dict[str, Any]) -> LaunchSpec | None:
-        known = ["nproc_per_node", "nnodes", "device_mapping", "gpus_per_node", "infer_batch_size"]
+        known = [
+            "nproc_per_node",
+            "nnodes",
+            "device_mapping",
+            "gpus_per_node",
+            "infer_batch_size",
+            "backend",
+            "max_failures",
+            "storage_path",
+        ]
         self.unknown(t, known, "launch")
         before = len(self.problems)
         positive = Spec("int", gt=0, auto=False)
@@ -547,6 +557,9 @@ class JobReader:
         nnodes = self.value(t, "nnodes", "launch", positive, 1)
         gpus = self.value(t, "gpus_per_node", "launch", positive)
         infer = self.value(t, "infer_batch_size", "launch", positive)
+        backend = self.value(t, "backend", "launch", Spec("choice", choices=BACKENDS, auto=False), "torchrun")
+        failures = self.value(t, "max_failures", "launch", Spec("int", ge=-1, auto=False), 0)
+        storage = self.value(t, "storage_path", "launch", Spec("str", auto=False))
         mapping: tuple[int, ...] | None = None
         if "device_mapping" in t:
             try:
@@ -573,7 +586,14 @@ class JobReader:
                 )
                 return None
         return LaunchSpec(
-            nproc_per_node=nproc or 1, nnodes=nnodes, device_mapping=mapping, gpus_per_node=gpus, infer_batch_size=infer
+            nproc_per_node=nproc or 1,
+            nnodes=nnodes,
+            device_mapping=mapping,
+            gpus_per_node=gpus,
+            infer_batch_size=infer,
+            backend=backend,
+            max_failures=failures,
+            storage_path=storage,
         )
 
 

@@ -14,6 +14,7 @@ from .formats import TEMPLATES
 
 __all__ = [
     "ATTN_IMPLEMENTATIONS",
+    "BACKENDS",
     "BYTE_TOKENIZER",
     "BYTE_VOCAB",
     "DTYPES",
@@ -32,6 +33,10 @@ JOB_TABLES: Final = ("model", "data", "training", "strategy", "launch")
 
 STRATEGIES: Final = ("deepspeed_train",)
 """The ``strategy.name`` values dsbuild runs (ROLL's names)."""
+
+
+BACKENDS: Final = ("torchrun", "ray")
+"""``launch.backend``: what starts a run's processes (``dsbuild train --backend``)."""
 
 
 BYTE_TOKENIZER: Final = "byte"
@@ -193,6 +198,13 @@ class LaunchSpec:
     """Devices per machine, to turn ``device_mapping``'s global ids into a node's local ones (default: detected)."""
     infer_batch_size: int | None = None
     """Per-device batch size of evaluation (default ``training.per_device_eval_batch_size``)."""
+    backend: str = "torchrun"
+    """What starts the processes: ``"torchrun"`` (default) or ``"ray"`` (Ray Train's workers; docs/ray.md)."""
+    max_failures: int = 0
+    """Ray: restarts of the worker group after a worker fails, each from the last checkpoint (Ray's
+    ``FailureConfig.max_failures``; -1: no limit)."""
+    storage_path: str | None = None
+    """Ray: where Ray keeps the run's checkpoints, a folder or a URI (``s3://...``); default ``output_dir/ray``."""
 
     @property
     def world_size(self) -> int:

@@ -33,6 +33,7 @@ class Trainable(Protocol):
     terminate_on_nan: bool
     position: DataPosition
     last_saved: str | None
+    save_requested: Callable[[], bool] | None
 
     @property
     def micro_batch_size(self) -> int: ...
@@ -175,6 +176,10 @@ def fit(
                 if signalled:
                     kept.flush()
                     raise _stopped(session, stop.received, out.global_step)
+                if session.save_requested is not None and session.save_requested():
+                    kept.flush()
+                    if session.last_saved != f"global_step{out.global_step}":
+                        session.save_checkpoint()
                 started = time.perf_counter()
             if left == 0:
                 session.position.next_epoch()

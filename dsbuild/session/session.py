@@ -159,6 +159,12 @@ class Session:
         """Where training is in the data (saved in checkpoints, so a resume draws the same batches)."""
         self.last_saved: str | None = None
         """The tag of the checkpoint this session last saved or loaded."""
+        self.after_save: Callable[[Path], None] | None = None
+        """Called on every process with the checkpoint's folder once ``save_checkpoint`` has saved and verified it
+        (Ray's backend hands each process's files to Ray Train here); collective when the callable is."""
+        self.save_requested: Callable[[], bool] | None = None
+        """Asked on every process after each optimizer step of ``fit``; ``True`` saves a checkpoint now and trains on
+        (Ray's backend: a preemption notice from Ray Train); collective when the callable is."""
 
     # -- construction ------------------------------------------------------------
 
@@ -576,6 +582,8 @@ class Session:
             keep_last=self.keep_last,
         )
         self.last_saved = tag
+        if self.after_save is not None:
+            self.after_save(self._checkpoint_dir(path) / tag)
         return tag
 
     def _position(self, engine: Any) -> dict[str, Any]:

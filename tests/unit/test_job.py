@@ -563,3 +563,15 @@ def test_what_accelerate_fills_is_read_from_the_hf_table() -> None:
 def test_public_names() -> None:
     assert dsbuild.load_job is load_job and dsbuild.Job is Job
     assert {"load_job", "Job"} <= set(dsbuild.__all__)
+
+
+def test_launch_backend_and_rays_options(tmp_path: Path) -> None:
+    """[launch] backend, max_failures and storage_path (docs/ray.md) are read and checked like every job value."""
+    path = write_job(tmp_path, MINIMAL)
+    job = load_job(path, {"launch.backend": "ray", "launch.max_failures": 2, "launch.storage_path": "s3://b/run"})
+    assert (job.launch.backend, job.launch.max_failures, job.launch.storage_path) == ("ray", 2, "s3://b/run")
+    assert load_job(path).launch.backend == "torchrun" and load_job(path).launch.max_failures == 0
+    assert problems(path, **{"launch.backend": "slurm", "launch.max_failures": -2}) == [
+        "launch.backend: got 'slurm', expected one of 'torchrun', 'ray'",
+        "launch.max_failures: got -2, expected an integer >= -1",
+    ]

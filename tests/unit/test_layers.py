@@ -55,12 +55,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # 8: what imports torch & co. (lazily): the Session, data, the job's model, doctor, DeepSpeed's verdict
     ("dsbuild.session", "dsbuild.data", "dsbuild.model", "dsbuild.doctor", "dsbuild.deepspeed_verdict"),
     # 9: the training run and process launch (no printing)
-    ("dsbuild.run", "dsbuild.plot", "dsbuild.launch", "dsbuild.output_dir", "dsbuild.demo"),
+    ("dsbuild.run", "dsbuild.plot", "dsbuild.launch", "dsbuild.ray_train", "dsbuild.output_dir", "dsbuild.demo"),
     # 10: the command line and the package itself
     ("dsbuild.cli", "dsbuild.__main__", "dsbuild"),
 )
 
-HEAVY = ("torch", "deepspeed", "transformers", "peft", "datasets", "matplotlib")
+HEAVY = ("torch", "deepspeed", "transformers", "peft", "datasets", "matplotlib", "ray")
 
 
 def _modules() -> dict[str, Path]:

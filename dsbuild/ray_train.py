@@ -1,0 +1,250 @@
+"""``dsbuild train --backend ray``: a job's ranks as Ray Train workers (docs/ray.md).
+
+The driver (``train``) connects to a Ray cluster (``--ray-address``, ``RAY_ADDRESS``, or a local one it starts)
+and runs a ``TorchTrainer`` of ``nproc_per_node x nnodes`` workers: Ray places them, starts the process group
+(gloo, or NCCL with GPUs, with the run's ``ddp_timeout``) and restarts the group after a failure
+(``launch.max_failures``). Each worker (``run_worker``) runs the job as a torchrun rank does, through ``run.run``,
+with three hooks: after each verified checkpoint it reports its own files to Ray, which merges every worker's
+into one folder under ``launch.storage_path``; a restarted (or ``--resume``d) run loads Ray's latest checkpoint
+through the same verified load as ``--resume``; a preemption notice from Ray saves a checkpoint at the next step.
+
+Only this module imports ray, and only inside its functions: the config SDK and the torchrun path never do.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from .errors import ConfigError, DsbuildError, RunStopped
+
+__all__ = ["RUN_NAME", "run_worker", "storage_path", "train"]
+
+RUN_NAME: Final = "checkpoints"
+"""Ray's run name: its checkpoints are ``STORAGE/checkpoints/global_stepN``, a folder ``dsbuild checkpoints``
+verifies and ``--resume`` reads."""
+
+_PASSED_ENV: Final = ("DS_ACCELERATOR", "TORCH_EXTENSIONS_DIR", "HF_HOME", "HF_HUB_OFFLINE", "HF_DATASETS_CACHE")
+"""Variables of the driver's environment the workers get too (the rest is the cluster's)."""
+
+
+def storage_path(job: Any) -> str:
+    """Where Ray keeps the run's checkpoints: ``launch.storage_path`` (a folder or a URI), else ``output_dir/ray``."""
+    given = job.launch.storage_path
+    if given is None:
+        return str((job.output_dir / "ray").resolve())
+    return given if "://" in given else str(Path(given).expanduser().resolve())
+
+
+def _earlier_run(storage: str) -> bool:
+    """Whether ``storage`` holds a Ray run of this name (its snapshot of reported checkpoints)."""
+    import pyarrow.fs
+
+    fs, root = pyarrow.fs.FileSystem.from_uri(storage)
+    info = fs.get_file_info(f"{root.rstrip('/')}/{RUN_NAME}/checkpoint_manager_snapshot.json")
+    return bool(info.type != pyarrow.fs.FileType.NotFound)
+
+
+def train(
+    job: Any,
+    job_path: Path,
+    worker: Callable[[dict[str, Any]], None],
+    *,
+    workers: int,
+    address: str | None,
+    sets: Mapping[str, Any],
+    resume: bool,
+    terminate_on_nan: bool,
+) -> tuple[int, list[str]]:
+    """Run ``job`` on ``workers`` Ray Train workers, each running ``worker`` (``dsbuild.cli.rank.ray_worker``, which
+    calls ``run_worker``), and wait: the exit code and the lines worth telling."""
+    import ray
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    storage = storage_path(job)
+    if not resume and _earlier_run(storage):
+        raise ConfigError(
+            f"launch.storage_path: {storage}/{RUN_NAME} holds an earlier Ray run's checkpoints, which Ray would "
+            "resume from; nothing was changed. Pass --resume to continue it, or set launch.storage_path elsewhere"
+        )
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    env = {key: os.environ[key] for key in _PASSED_ENV if key in os.environ}
+    # Ray's own workers log warnings only (dsbuild's lines have their own logger): without a dashboard, Ray Train's
+    # placement-group cleaner would warn every second that the state API is unavailable.
+    common: dict[str, Any] = {
+        "runtime_env": {"env_vars": env},
+        "log_to_driver": True,
+        "configure_logging": False,
+        "logging_config": ray.LoggingConfig(log_level="ERROR"),
+    }
+    if address is None:  # a local cluster: every worker gets one CPU, however many cores there are
+        ray.init(
+            num_cpus=max(os.cpu_count() or 1, workers),
+            include_dashboard=False,
+            object_store_memory=256 * 2**20,
+            **common,
+        )
+    else:
+        ray.init(address=address, **common)
+    try:
+        gpus = bool(ray.cluster_resources().get("GPU", 0))  # type: ignore[no-untyped-call]
+        keep = job.training.save_total_limit
+        trainer = TorchTrainer(
+            worker,
+            train_loop_config={
+                "job": str(job_path.resolve()),
+                "job_as_given": str(job_path),
+                "sets": dict(sets),
+                "resume": resume,
+                "terminate_on_nan": terminate_on_nan,
+            },
+            scaling_config=ScalingConfig(num_workers=workers, use_gpu=gpus),
+            torch_config=TorchConfig(backend="nccl" if gpus else "gloo", timeout_s=int(job.training.ddp_timeout)),
+            run_config=RunConfig(
+                name=RUN_NAME,
+                storage_path=storage,
+                failure_config=FailureConfig(max_failures=job.launch.max_failures),
+                checkpoint_config=CheckpointConfig(num_to_keep=keep),
+            ),
+        )
+        try:
+            result = trainer.fit()
+        except Exception as e:  # Ray's TrainingFailedError: every worker's error, by rank
+            return _failed(e, storage)
+        where = result.checkpoint.path if result.checkpoint is not None else "none"
+        return 0, [f"Ray kept the run's checkpoints in {storage}/{RUN_NAME} (latest: {where})"]
+    finally:
+        ray.shutdown()
+
+
+def _failed(error: BaseException, storage: str) -> tuple[int, list[str]]:
+    """The exit code and lines for a run Ray gave up on: each worker's own error, first line of each."""
+    failures: Mapping[int, BaseException] = getattr(error, "worker_failures", None) or {}
+    causes = dict(failures) or {-1: error.__cause__ or error}
+    lines = ["training failed under Ray"]
+    codes = []
+    for rank, cause in sorted(causes.items()):
+        own = _own_error(cause)
+        codes.append(RunStopped.EXIT_CODE if isinstance(own, RunStopped) else 1)
+        said = str(own).strip().splitlines()
+        who = f"rank {rank}" if rank >= 0 else "Ray"
+        lines.append(f"  {who}: {type(own).__name__}: {said[0] if said else ''}")
+    lines.append(f"  Ray's checkpoints are in {storage}/{RUN_NAME}; dsbuild train --resume continues from the latest")
+    return (RunStopped.EXIT_CODE if set(codes) == {RunStopped.EXIT_CODE} else 1), lines
+
+
+def _own_error(error: BaseException) -> BaseException:
+    """The exception a worker raised, out of Ray's wrappers around it."""
+    seen = 0
+    while seen < 8 and not isinstance(error, DsbuildError) and error.__cause__ is not None:
+        error, seen = error.__cause__, seen + 1
+    return error
+
+
+# -- on each worker ------------------------------------------------------------------------------
+
+
+def run_worker(config: Mapping[str, Any]) -> None:
+    """One rank of the run, on a Ray Train worker (``dsbuild.cli.rank.ray_worker``, which sets up its log lines
+    first): the job as a torchrun rank runs it (``run.run``), with Ray's checkpoint to resume from, each saved
+    checkpoint reported to Ray, and Ray's preemption notice heeded."""
+    import ray.train
+
+    from . import manifest
+    from .job import load_job
+    from .run import Hooks, run
+
+    path = Path(config["job"]) if Path(config["job"]).is_file() else Path(config["job_as_given"])
+    job = load_job(path, config["sets"])
+    checkpoint = ray.train.get_checkpoint()
+    restore = _local(checkpoint, job) if checkpoint is not None else None
+    hooks = Hooks(restore=restore, after_save=_report, save_requested=_Preemption())
+    # Without a checkpoint of Ray's (none registered yet: Ray registers a report some time after it, and a worker
+    # lost in between loses it), a restart resumes from the run's own newest verified one. A fresh run's folder
+    # holds none (dsbuild train guards it), so any there were saved by an earlier attempt of this run.
+    saved = bool(manifest.candidates(Path(job.output_dir) / "checkpoints"))
+    run(job, resume=config["resume"] or saved, terminate_on_nan=config["terminate_on_nan"], hooks=hooks)
+
+
+def _local(checkpoint: Any, job: Any) -> Path:
+    """Ray's checkpoint as a folder here: itself in a folder this node sees, else downloaded beside the run."""
+    import pyarrow.fs
+
+    path = Path(checkpoint.path)
+    if isinstance(checkpoint.filesystem, pyarrow.fs.LocalFileSystem) and path.is_dir():
+        return path
+    import ray.train
+
+    rank = ray.train.get_context().get_world_rank()
+    here = Path(job.output_dir) / "ray-restore" / f"rank{rank}" / path.name
+    shutil.rmtree(here, ignore_errors=True)
+    checkpoint.to_directory(str(here))
+    return here
+
+
+def _report(tag_dir: Path) -> None:
+    """Hand this rank's files of the checkpoint in ``tag_dir`` to Ray, which merges every rank's into one folder
+    of its storage (rank 0 adds the manifest and the files no rank claims); a collective of Ray's."""
+    import ray.train
+
+    from . import manifest
+    from .session import distributed
+
+    rank = distributed.rank()
+    mine = [
+        manifest.RANK_STATE.format(rank=rank),
+        *manifest.read_json(tag_dir / manifest.RANK_STATE.format(rank=rank))["files"],
+    ]
+    if rank == 0:
+        mine += _unclaimed(tag_dir, distributed.world_size())
+    staging = Path(tempfile.mkdtemp(prefix=f".ray-{tag_dir.name}-rank{rank}-", dir=tag_dir.parent))
+    try:
+        for name in mine:
+            target = staging / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(tag_dir / name, target)  # no copy on the same disk
+            except OSError:
+                shutil.copy2(tag_dir / name, target)
+        step = int(tag_dir.name.removeprefix("global_step")) if tag_dir.name.startswith("global_step") else None
+        ray.train.report(
+            {"global_step": step} if step is not None else {},
+            checkpoint=ray.train.Checkpoint.from_directory(str(staging)),
+            checkpoint_dir_name=tag_dir.name,
+        )
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _unclaimed(tag_dir: Path, world_size: int) -> list[str]:
+    """The manifest and the checkpoint's files no rank lists as its own (written around DeepSpeed's engine)."""
+    from . import manifest
+
+    claimed: set[str] = set()
+    for rank in range(world_size):
+        name = manifest.RANK_STATE.format(rank=rank)
+        claimed |= {name, *manifest.read_json(tag_dir / name)["files"]}
+    listed: Sequence[str] = list(manifest.read_manifest(tag_dir)["files"])
+    return [manifest.MANIFEST, *(name for name in listed if name not in claimed)]
+
+
+class _Preemption:
+    """Asked after each step: ``True`` once, at the first step after Ray noticed that a node of this run is being
+    preempted (a spot instance reclaimed), so that every rank saves a checkpoint then and trains on, as Ray Train
+    advises; Ray restarts the run from it when the node goes. A collective of Ray's."""
+
+    def __init__(self) -> None:
+        self.noticed = False
+
+    def __call__(self) -> bool:
+        import ray.train
+
+        if self.noticed or ray.train.get_preemption_info() is None:
+            return False
+        self.noticed = True
+        return True

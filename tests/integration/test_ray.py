@@ -1,0 +1,203 @@
+"""The same job on a Ray cluster: ``dsbuild train --backend ray`` runs the demo job's ranks as Ray Train workers on
+a local cluster (2 gloo workers, no dashboard), with the losses of the same job under torchrun; Ray keeps a merged
+checkpoint that ``dsbuild checkpoints`` verifies, resumes from it, and restarts a killed worker's group from it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dsbuild.cli import main
+from dsbuild.history import read as read_history
+
+FEW_STEPS = [
+    "--set=training.max_steps=6",
+    "--set=training.save_steps=2",
+    "--set=training.logging_steps=1",
+    "--set=training.bf16=false",
+]
+"""The demo job, 6 steps with a checkpoint every 2 (evaluation every 40 steps, so none), in fp32: a resume in bf16
+differs from the uninterrupted run by bf16's rounding (4e-5 of the loss two steps later), not by 1e-6."""
+
+
+def test_without_ray_installed_the_backend_names_the_extra(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--backend ray without Ray installed: exit 2 naming pip install 'dsbuild[ray]', before the job is read."""
+    pytest.importorskip("deepspeed")
+    monkeypatch.setitem(sys.modules, "ray", None)  # find_spec: not installed
+    code = main(["train", "--backend", "ray", "no-such-job.toml"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "dsbuild train --backend ray needs the 'ray' package: pip install 'dsbuild[ray]'" in err
+
+
+def test_ray_address_needs_the_ray_backend(capsys: pytest.CaptureFixture[str]) -> None:
+    """--ray-address with the torchrun backend is a usage error, not silently ignored."""
+    pytest.importorskip("deepspeed")
+    code = main(["train", "--ray-address", "ray://head:10001"])
+    assert code == 2
+    assert "--ray-address: only with --backend ray" in capsys.readouterr().err
+
+
+def test_the_config_sdk_and_the_torchrun_path_never_import_ray() -> None:
+    """Reading a job, the CLI's parsers and the torchrun launcher import no ray module (only ray_train does)."""
+    code = (
+        "import sys; import dsbuild, dsbuild.cli, dsbuild.launch, dsbuild.run, dsbuild.cli.rank; "
+        "from dsbuild.job import load_job, demo_job_path; load_job(demo_job_path()); "
+        "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
+
+
+# -- real runs on a local Ray cluster -------------------------------------------------------------
+
+
+def _env() -> dict[str, str]:
+    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "RAY_ADDRESS"):
+        env.pop(key, None)
+    return env
+
+
+def _train(out: Path, *args: str, wait: bool = True) -> subprocess.Popen[str] | subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "dsbuild", "train", "--nproc-per-node", "2", *FEW_STEPS, *args]
+    command.append(f"--set=training.output_dir={json.dumps(str(out))}")
+    if wait:
+        return subprocess.run(command, capture_output=True, text=True, env=_env(), timeout=900)
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
+
+
+def _losses(out: Path) -> dict[int, float]:
+    return {int(h["step"]): float(h["loss"]) for h in read_history(out / "history.jsonl") if h.get("loss") is not None}
+
+
+def _ray_workers() -> list[int]:
+    """The pids of Ray Train's worker processes on this machine (their title is ``ray::RayTrainWorker...``)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                title = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+            except OSError:
+                continue
+            if title.startswith(b"ray::RayTrainWorker"):
+                found.append(int(entry.name))
+    return sorted(found)
+
+
+def _kill_a_worker_after_step(out: Path, step: int, child: subprocess.Popen[str]) -> int:
+    """SIGKILL one Ray Train worker once ``step`` is in the run's history (a checkpoint before it is in Ray's
+    storage: Ray's report is a barrier); its pid."""
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and child.poll() is None:
+        history = out / "history.jsonl"
+        if history.is_file() and max(_losses(out), default=0) >= step:
+            workers = _ray_workers()
+            assert len(workers) == 2, workers
+            os.kill(workers[-1], signal.SIGKILL)
+            return workers[-1]
+        time.sleep(0.2)
+    raise AssertionError(f"step {step} never came: {child.communicate()[0][-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
+    """The losses of the same 6 steps under torchrun, 2 processes: the uninterrupted run."""
+    pytest.importorskip("deepspeed")
+    out = tmp_path_factory.mktemp("torchrun") / "out"
+    done = _train(out)
+    assert isinstance(done, subprocess.CompletedProcess)
+    assert done.returncode == 0, done.stderr[-3000:]
+    losses = _losses(out)
+    assert sorted(losses) == [1, 2, 3, 4, 5, 6]
+    return losses
+
+
+def _equal(got: dict[int, float], want: dict[int, float]) -> None:
+    assert sorted(got) == sorted(want)
+    for step, loss in want.items():
+        assert abs(got[step] - loss) <= 1e-6 * abs(loss), (step, got[step], loss)
+
+
+@pytest.mark.slow
+def test_rays_merged_checkpoint_verifies_and_resumes_exactly(tmp_path: Path, reference: dict[int, float]) -> None:
+    """A 4-step run under Ray leaves merged checkpoints in Ray's storage that dsbuild checkpoints verifies; --resume
+    to step 6 loads Ray's latest (global_step4) and gives the uninterrupted run's losses (warmup is 10 steps, so
+    steps 1-6 have the same learning rates whatever max_steps says)."""
+    pytest.importorskip("ray")
+    out = tmp_path / "out"
+    first = _train(out, "--backend", "ray", "--set=training.max_steps=4")
+    assert isinstance(first, subprocess.CompletedProcess)
+    assert first.returncode == 0, first.stderr[-3000:]
+    storage = out / "ray"
+    listed = subprocess.run(
+        [sys.executable, "-m", "dsbuild", "checkpoints", str(storage)], capture_output=True, text=True, timeout=300
+    )
+    assert listed.returncode == 0, listed.stdout + listed.stderr  # every checkpoint Ray merged verifies
+    assert "global_step4" in listed.stdout and "global_step2" in listed.stdout
+
+    again = _train(out, "--backend", "ray", "--resume")
+    assert isinstance(again, subprocess.CompletedProcess)
+    assert again.returncode == 0, again.stderr[-3000:]
+    said = again.stdout + again.stderr
+    assert f"resumed from {storage / 'checkpoints' / 'global_step4'} at step 4" in said, said[-3000:]
+    _equal(_losses(out), reference)
+
+
+@pytest.mark.slow
+def test_a_lost_worker_without_restarts_fails_the_run_and_says_where_to_resume(tmp_path: Path) -> None:
+    """launch.max_failures = 0 (the default) and a worker SIGKILLed after step 3: exit 1 with Ray's reason, and
+    where the checkpoints are for --resume; nothing hangs."""
+    pytest.importorskip("ray")
+    out = tmp_path / "out"
+    child = _train(out, "--backend", "ray", wait=False)
+    assert isinstance(child, subprocess.Popen)
+    _kill_a_worker_after_step(out, 3, child)
+    said, _ = child.communicate(timeout=600)
+    assert child.returncode == 1, said[-3000:]
+    assert "dsbuild: error: training failed under Ray" in said
+    assert "dsbuild train --resume continues from the latest" in said
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_restarted_from_the_last_checkpoint(tmp_path: Path, reference: dict[int, float]) -> None:
+    """launch.max_failures = 1 and a worker SIGKILLed after step 3: Ray restarts the group, which resumes from the
+    last checkpoint (Ray's latest, or the run's own when Ray had not registered it yet) and finishes; every step's
+    loss equals the uninterrupted torchrun run's."""
+    pytest.importorskip("ray")
+    out = tmp_path / "out"
+    child = _train(out, "--backend", "ray", "--set=launch.max_failures=1", wait=False)
+    assert isinstance(child, subprocess.Popen)
+    _kill_a_worker_after_step(out, 3, child)
+    said, _ = child.communicate(timeout=900)
+    assert child.returncode == 0, said[-3000:]
+    assert "dsbuild: resumed from " in said and "checkpoints/global_step" in said, said[-3000:]
+    _equal(_losses(out), reference)
+    assert (out / "model" / "config.json").is_file()
+
+
+@pytest.mark.slow
+def test_a_fresh_run_does_not_take_an_earlier_ray_run_in_its_storage(tmp_path: Path) -> None:
+    """A storage path that holds an earlier Ray run's checkpoints: a run without --resume is refused (Ray would
+    resume from them) and nothing there is changed."""
+    pytest.importorskip("ray")
+    storage = tmp_path / "storage" / "checkpoints"
+    storage.mkdir(parents=True)
+    (storage / "checkpoint_manager_snapshot.json").write_text("{}")
+    done = _train(
+        tmp_path / "out", "--backend", "ray", f"--set=launch.storage_path={json.dumps(str(tmp_path / 'storage'))}"
+    )
+    assert isinstance(done, subprocess.CompletedProcess)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "holds an earlier Ray run's checkpoints" in done.stderr and "Traceback" not in done.stderr
+    assert (storage / "checkpoint_manager_snapshot.json").read_text() == "{}"
