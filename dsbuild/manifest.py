@@ -57,12 +57,14 @@ __all__ = [
     "list_checkpoints",
     "pick",
     "prune",
+    "rank_files",
     "read_json",
     "read_latest",
     "read_rank_state",
     "remove_failed",
     "sha256_file",
     "verify",
+    "verify_rank",
     "write_latest",
     "write_manifest",
     "write_rank_state",
@@ -245,6 +247,32 @@ def read_rank_state(tag_dir: Path, rank: int, manifest: Mapping[str, Any]) -> di
     if file_digest(path, algorithm) != digest:
         raise CheckpointError(f"{path}: {_DIFFERS.format(algorithm=algorithm)}")
     return read_json(path)
+
+
+def rank_files(tag_dir: Path, manifest: Mapping[str, Any], rank: int) -> list[str]:
+    """The files of checkpoint ``tag_dir`` that are process ``rank``'s: its state file and the files it lists, and for
+    rank 0 also the files no process lists (written around DeepSpeed's engine). Each file of the manifest is one
+    rank's, so the ranks together cover the checkpoint. ``CheckpointError`` names a state file that is unreadable."""
+    own_state = read_rank_state(tag_dir, rank, manifest)
+    own = [RANK_STATE.format(rank=rank), *own_state.get("files", {})]
+    if rank != 0:
+        return own
+    world = int(manifest.get("run", {}).get("world_size") or 1)
+    claimed: set[str] = set()
+    for other in range(world):
+        name = RANK_STATE.format(rank=other)
+        claimed |= {name, *read_json(tag_dir / name).get("files", {})}
+    return [*own, *(name for name in manifest["files"] if name not in claimed)]
+
+
+def verify_rank(tag_dir: Path, manifest: Mapping[str, Any], rank: int) -> None:
+    """Every file of ``rank``'s share of the checkpoint (``rank_files``) present, of its size and digest; else
+    ``CheckpointError`` naming the first that is not. What one process checks before a collective load."""
+    names = rank_files(tag_dir, manifest, rank)
+    unlisted = [name for name in names if name not in manifest["files"]]
+    if unlisted:
+        raise CheckpointError(f"{tag_dir / unlisted[0]}: not in the manifest (altered)")
+    check_files(tag_dir, {"files": {name: manifest["files"][name] for name in names}}, hashes=True)
 
 
 _DIFFERS: Final = "its contents differ from the manifest's {algorithm} digest (altered or damaged)"

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -196,12 +196,9 @@ def _report(tag_dir: Path) -> None:
     from .session import distributed
 
     rank = distributed.rank()
-    mine = [
-        manifest.RANK_STATE.format(rank=rank),
-        *manifest.read_json(tag_dir / manifest.RANK_STATE.format(rank=rank))["files"],
-    ]
+    mine = manifest.rank_files(tag_dir, manifest.read_manifest(tag_dir), rank)
     if rank == 0:
-        mine += _unclaimed(tag_dir, distributed.world_size())
+        mine.append(manifest.MANIFEST)
     staging = Path(tempfile.mkdtemp(prefix=f".ray-{tag_dir.name}-rank{rank}-", dir=tag_dir.parent))
     try:
         for name in mine:
@@ -219,18 +216,6 @@ def _report(tag_dir: Path) -> None:
         )
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-
-
-def _unclaimed(tag_dir: Path, world_size: int) -> list[str]:
-    """The manifest and the checkpoint's files no rank lists as its own (written around DeepSpeed's engine)."""
-    from . import manifest
-
-    claimed: set[str] = set()
-    for rank in range(world_size):
-        name = manifest.RANK_STATE.format(rank=rank)
-        claimed |= {name, *manifest.read_json(tag_dir / name)["files"]}
-    listed: Sequence[str] = list(manifest.read_manifest(tag_dir)["files"])
-    return [manifest.MANIFEST, *(name for name in listed if name not in claimed)]
 
 
 class _Preemption:

@@ -121,8 +121,17 @@ def load(
     position: dict[str, Any] = {}
 
     def attempt(name: str, found: dict[str, Any]) -> None:
-        writer.expected = manifest.expected_files(load_dir / name, found)
+        # Every process checks its own share of the files first, and all agree, before any enters DeepSpeed's load:
+        # inside it, a process that stopped on a damaged shard would leave the others waiting in a collective.
         problem = None
+        try:
+            manifest.verify_rank(load_dir / name, found, distributed.rank())
+        except CheckpointError as e:
+            problem = str(e)
+        found_bad = [text for text in distributed.all_texts(problem) if text]
+        if found_bad:  # every process names the first damaged file, whichever process found it
+            raise CheckpointError(problem or found_bad[0])
+        writer.expected = manifest.expected_files(load_dir / name, found)
         try:
             loaded, _ = engine.load_checkpoint(str(load_dir), tag=name, load_module_strict=module_strict)
             if loaded is None:

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 import torch
 import torch.distributed as dist
 
-__all__ = ["barrier", "ensure_env", "init", "is_initialized", "rank", "world_size"]
+__all__ = ["all_sum", "all_texts", "barrier", "ensure_env", "init", "is_initialized", "rank", "world_size"]
 
 # What torchrun / the DeepSpeed launcher set, and what DeepSpeed's MPI discovery reads.
 _LAUNCHER_KEYS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
@@ -104,6 +104,15 @@ def init(timeout: float | None = None) -> None:
 def barrier() -> None:
     if is_initialized():
         dist.barrier()
+
+
+def all_texts(text: str | None) -> list[str | None]:
+    """Each process's ``text``, in rank order, on every process (one collective): what each one found."""
+    if not is_initialized() or dist.get_world_size() == 1:
+        return [text]
+    gathered: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, text)
+    return gathered
 
 
 def all_sum(values: list[float], device: torch.device | str) -> list[float]:

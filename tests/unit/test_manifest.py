@@ -58,3 +58,32 @@ def test_an_unknown_digest_is_refused() -> None:
     """A digest name dsbuild does not know is an error naming the ones it does."""
     with pytest.raises(CheckpointError, match="'xxh3_128', 'sha256'"):
         manifest.hasher("md5")
+
+
+def test_each_rank_checks_its_own_share_and_the_shares_cover_the_checkpoint(tmp_path: Path) -> None:
+    """A 2-process checkpoint: rank 1's share is its state and shards, rank 0's its own plus the files no rank lists;
+    together every file of the manifest; a flipped byte in rank 1's shard fails rank 1's check, not rank 0's."""
+    tag_dir = tmp_path / "global_step2"
+    tag_dir.mkdir()
+    facts = manifest.RunFacts(world_size=2, zero_stage=3, micro_batch=2, gradient_accumulation=1)
+    for rank in (0, 1):
+        shard = f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
+        (tag_dir / shard).write_bytes(bytes([rank]) * 4096)
+        entry = {"size": 4096, "xxh3_128": manifest.file_digest(tag_dir / shard)}
+        manifest.write_rank_state(tag_dir, rank, {"rank": rank, "files": {shard: entry}})
+    (tag_dir / "zero_to_fp32_meta.json").write_text("{}")  # written around DeepSpeed's engine: nobody lists it
+    found = manifest.write_manifest(tag_dir, tag="global_step2", step=2, world_size=2, facts=facts)
+
+    shares = [manifest.rank_files(tag_dir, found, rank) for rank in (0, 1)]
+    assert shares[1] == ["dsbuild_rank1.json", "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
+    assert sorted(shares[0] + shares[1]) == sorted(found["files"])
+    for rank in (0, 1):
+        manifest.verify_rank(tag_dir, found, rank)
+
+    shard = tag_dir / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    data = bytearray(shard.read_bytes())
+    data[2048] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    manifest.verify_rank(tag_dir, found, 0)
+    with pytest.raises(CheckpointError, match=r"zero_pp_rank_1_mp_rank_00_optim_states\.pt: its contents differ"):
+        manifest.verify_rank(tag_dir, found, 1)

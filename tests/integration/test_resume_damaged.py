@@ -1,0 +1,79 @@
+"""A damaged shard on any rank never hangs a multi-process resume: every process checks its own share of the newest
+checkpoint and all agree before any enters DeepSpeed's load, so ``dsbuild train --resume`` on 2 processes at
+ZeRO-3 with one flipped byte in either rank's shard falls back to the previous checkpoint and continues with the
+uninterrupted run's losses (before, the damaged rank stopped while the other waited in DeepSpeed's collectives
+until the process group's timeout)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dsbuild.history import read as read_history
+
+pytest.importorskip("deepspeed")
+pytestmark = pytest.mark.slow  # 2-process runs
+
+STEPS = ["--set=training.save_steps=2", "--set=training.logging_steps=1", "--set=training.bf16=false"]
+"""The demo job (ZeRO-3), a checkpoint every 2 steps, fp32 so that a resume equals the uninterrupted run to 1e-6;
+warmup is 10 steps, so a 4-step run and a 6-step run have the same learning rates up to step 6."""
+
+
+def _train(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    command = [sys.executable, "-m", "dsbuild", "train", "--nproc-per-node", "2", *STEPS, *args]
+    command.append(f"--set=training.output_dir={json.dumps(str(out))}")
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
+
+
+def _losses(out: Path) -> dict[int, float]:
+    return {int(h["step"]): float(h["loss"]) for h in read_history(out / "history.jsonl") if h.get("loss") is not None}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, float]]:
+    """A 4-step run (checkpoints global_step2 and global_step4) and the losses of the uninterrupted 6-step run."""
+    folder = tmp_path_factory.mktemp("runs")
+    done = _train(folder / "four", "--set=training.max_steps=4")
+    assert done.returncode == 0, done.stderr[-3000:]
+    reference = _train(folder / "six", "--set=training.max_steps=6")
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    return folder / "four", _losses(folder / "six")
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_flipped_byte_in_one_ranks_shard_falls_back_without_a_hang(
+    tmp_path: Path, runs: tuple[Path, dict[int, float]], rank: int
+) -> None:
+    """One byte flipped in rank R's optimizer shard of global_step4: --resume names it, resumes from global_step2 on
+    both ranks, and steps 3-6 have the uninterrupted run's losses; the whole command ends long before the process
+    group's 600 s timeout would."""
+    four, reference = runs
+    out = tmp_path / "out"
+    shutil.copytree(four, out)
+    shard = out / "checkpoints" / "global_step4" / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+
+    started = time.monotonic()
+    done = _train(out, "--set=training.max_steps=6", "--resume")
+    took = time.monotonic() - started
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert took < 300, took  # a hang waits for ddp_timeout (600 s) and fails
+    said = done.stdout + done.stderr
+    assert f"skipped a damaged checkpoint: {shard}: its contents differ" in said, said[-3000:]
+    assert f"resumed from {out / 'checkpoints' / 'global_step2'} at step 2" in said
+    losses = _losses(out)
+    assert sorted(losses) == [1, 2, 3, 4, 5, 6]
+    for step in (3, 4, 5, 6):
+        assert abs(losses[step] - reference[step]) <= 1e-6 * abs(reference[step]), (step, losses[step])
