@@ -34,8 +34,9 @@ LOCK: Final = ".dsbuild.lock"
 EVIDENCE: Final = (HISTORY, "history.json", "checkpoints", "model", "ds_config.json", "loss.png")
 """What only a run that trained leaves in its output folder (``history.json`` is the older runs' history). The
 launcher's logs are not evidence: other nodes start writing theirs before node 0 has looked."""
-RUN_FILES: Final = (*EVIDENCE, "logs")
-"""What a run writes in its output folder, all moved aside by ``--overwrite``."""
+RUN_FILES: Final = (*EVIDENCE, "logs", "ray", "ray-restore")
+"""What a run writes in its output folder, all moved aside by ``--overwrite`` (``ray``: Ray's checkpoint storage by
+default, ``ray-restore``: Ray's checkpoints downloaded for a restart; docs/ray.md)."""
 
 
 def earlier_run(out: Path) -> str | None:

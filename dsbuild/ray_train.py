@@ -92,14 +92,20 @@ def train(
     else:
         ray.init(address=address, **common)
     try:
-        gpus = bool(ray.cluster_resources().get("GPU", 0))  # type: ignore[no-untyped-call]
-        keep = job.training.save_total_limit
+        resources: dict[str, float] = ray.cluster_resources()  # type: ignore[no-untyped-call]
+        gpus = bool(resources.get("GPU", 0))
+        if address is None and gpus and resources["GPU"] < workers:  # Ray would wait for them forever
+            raise ConfigError(
+                f"launch: {workers} workers, and this machine has {int(resources['GPU'])} GPU(s): Ray gives each "
+                "worker one; pass --nproc-per-node, or --ray-address of a cluster with more"
+            )
+        keep = job.training.save_total_limit or None  # 0 or unset: Ray keeps every checkpoint
         trainer = TorchTrainer(
             worker,
             train_loop_config={
                 "job": str(job_path.resolve()),
-                "job_as_given": str(job_path),
-                "sets": dict(sets),
+                # Ray Train moves each worker into a folder of its own: the run's folder, as the driver sees it.
+                "sets": {**sets, "training.output_dir": str(Path(job.output_dir).resolve())},
                 "resume": resume,
                 "terminate_on_nan": terminate_on_nan,
             },
@@ -116,6 +122,9 @@ def train(
             result = trainer.fit()
         except Exception as e:  # Ray's TrainingFailedError: every worker's error, by rank
             return _failed(e, storage)
+        except (KeyboardInterrupt, SystemExit):  # Ray's own Ctrl-C handler aborts the run and exits 0
+            saved = f"Ray's checkpoints are in {storage}/{RUN_NAME}"
+            return 130, [f"interrupted: Ray stopped the run; {saved}; dsbuild train --resume continues from the latest"]
         where = result.checkpoint.path if result.checkpoint is not None else "none"
         return 0, [f"Ray kept the run's checkpoints in {storage}/{RUN_NAME} (latest: {where})"]
     finally:
@@ -125,7 +134,8 @@ def train(
 def _failed(error: BaseException, storage: str) -> tuple[int, list[str]]:
     """The exit code and lines for a run Ray gave up on: each worker's own error, first line of each."""
     failures: Mapping[int, BaseException] = getattr(error, "worker_failures", None) or {}
-    causes = dict(failures) or {-1: error.__cause__ or error}
+    controller = getattr(error, "controller_failure", None)  # Ray's ControllerError: the group could not run
+    causes = dict(failures) or {-1: controller or error.__cause__ or error}
     lines = ["training failed under Ray"]
     codes = []
     for rank, cause in sorted(causes.items()):
@@ -159,8 +169,7 @@ def run_worker(config: Mapping[str, Any]) -> None:
     from .job import load_job
     from .run import Hooks, run
 
-    path = Path(config["job"]) if Path(config["job"]).is_file() else Path(config["job_as_given"])
-    job = load_job(path, config["sets"])
+    job = load_job(Path(config["job"]), config["sets"])
     checkpoint = ray.train.get_checkpoint()
     restore = _local(checkpoint, job) if checkpoint is not None else None
     hooks = Hooks(restore=restore, after_save=_report, save_requested=_Preemption())

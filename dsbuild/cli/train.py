@@ -126,20 +126,29 @@ def _train(args: argparse.Namespace) -> int:
         if args.resume_from is not None:
             error("--resume-from: not with the Ray backend, which resumes from Ray's latest checkpoint: pass --resume")
             return 2
+        # Ray places the workers: one driver for the whole run, no node of its own to name.
+        placed = [f for f, given in (("--node-rank", args.node_rank), ("--master-addr", args.master_addr),
+                                     ("--master-port", args.master_port)) if given is not None]  # fmt: skip
+        if placed:
+            error(f"{', '.join(placed)}: not with the Ray backend, which places the workers on the cluster itself")
+            return 2
     elif args.ray_address is not None:
         error('--ray-address: only with --backend ray (or launch.backend = "ray" in the job)')
         return 2
     nproc = args.nproc_per_node or job.launch.nproc_per_node
-    # Flags first, then the Slurm job this runs in, then the job file (docs/jobs.md, "Slurm").
-    nodes = launch.nodes(
-        nproc,
-        os.environ,
-        nnodes=args.nnodes,
-        node_rank=args.node_rank,
-        master_addr=args.master_addr,
-        master_port=args.master_port,
-        job_nnodes=job.launch.nnodes,
-    )
+    if backend == "ray":
+        nodes = launch.Nodes(nproc, args.nnodes or job.launch.nnodes)
+    else:
+        # Flags first, then the Slurm job this runs in, then the job file (docs/jobs.md, "Slurm").
+        nodes = launch.nodes(
+            nproc,
+            os.environ,
+            nnodes=args.nnodes,
+            node_rank=args.node_rank,
+            master_addr=args.master_addr,
+            master_port=args.master_port,
+            job_nnodes=job.launch.nnodes,
+        )
     nnodes, node_rank = nodes.nnodes, nodes.node_rank
     for text in nodes.warnings:
         warning(text)
@@ -202,9 +211,7 @@ def _train(args: argparse.Namespace) -> int:
                 resume=args.resume,
                 terminate_on_nan=not args.no_terminate_on_nan,
             )
-            for line in report:
-                say = "" if code in (0, RunStopped.EXIT_CODE) or line.startswith(" ") else "error: "
-                print(f"dsbuild: {say}{escape_lines(line)}" if not line.startswith(" ") else line, file=sys.stderr)
+            _report(code, report)
             if code != 0:
                 return code
         elif nproc * nnodes == 1 and nodes.master_port is None:
@@ -227,9 +234,7 @@ def _train(args: argparse.Namespace) -> int:
             run_args += [f"--resume-from={args.resume_from}"] if args.resume_from else []
             run_args += ["--no-terminate-on-nan"] if args.no_terminate_on_nan else []
             code, report = launch.torchrun(job, path, nodes, run_args, env)
-            for line in report:
-                say = "" if code == RunStopped.EXIT_CODE else "error: "
-                print(line if line.startswith(" ") else f"dsbuild: {say}{line}", file=sys.stderr)
+            _report(code, report)
             if code == RunStopped.EXIT_CODE and args.requeue and node_rank == 0:
                 _requeue()
             if code != 0:
@@ -240,6 +245,14 @@ def _train(args: argparse.Namespace) -> int:
     else:
         out(f"node {node_rank}: done; node 0 has the outputs in {job.output_dir}")
     return 0
+
+
+def _report(code: int, lines: list[str]) -> None:
+    """What the launcher said, on stderr: an error unless the run trained or was stopped by a signal; a line that
+    starts with a space continues the one before it."""
+    say = "" if code in (0, RunStopped.EXIT_CODE) else "error: "
+    for line in lines:
+        print(escape_lines(line) if line.startswith(" ") else f"dsbuild: {say}{escape_lines(line)}", file=sys.stderr)
 
 
 def _requeue() -> None:
