@@ -21,7 +21,17 @@ from .errors import ConfigError, RunStopped
 from .job import Job
 from .manifest import last_complete
 
-__all__ = ["DEFAULT_MASTER_PORT", "Nodes", "device_env", "failure_report", "nodes", "torchrun", "torchrun_command"]
+__all__ = [
+    "DEFAULT_MASTER_PORT",
+    "LOG_PREFIX",
+    "Nodes",
+    "device_env",
+    "failure_report",
+    "nodes",
+    "torchrun",
+    "torchrun_command",
+    "torchrun_env",
+]
 
 DEFAULT_MASTER_PORT = 29500
 """Node 0's port when no flag, ``MASTER_PORT`` or Slurm job gives one (torchrun's own default)."""
@@ -167,6 +177,17 @@ def torchrun_command(job_path: Path, nodes: Nodes, log_dir: Path, run_args: Sequ
     return [*cmd, "-m", "dsbuild.cli.rank", str(job_path), *run_args]
 
 
+LOG_PREFIX: Final = "[node{node} rank${{rank}}]:"
+"""What torchrun puts before each line of a rank's output: the node and the global rank (torchrun's own,
+``[default0]:``, gives the local rank only, the same on every node)."""
+
+
+def torchrun_env(nodes: Nodes, env: Mapping[str, str]) -> dict[str, str]:
+    """The environment torchrun runs in: ``env``, with its log-line prefix naming the node and the rank (unless the
+    user chose one: ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``)."""
+    return {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": LOG_PREFIX.format(node=nodes.node_rank), **env}
+
+
 def torchrun(
     job: Job, job_path: Path, nodes: Nodes, run_args: Sequence[str], env: dict[str, str]
 ) -> tuple[int, list[str]]:
@@ -174,7 +195,8 @@ def torchrun(
     log_dir = job.output_dir / "logs" / "torchrun" / f"node{nodes.node_rank}"
     log_dir.mkdir(parents=True, exist_ok=True)
     before = {p.name for p in log_dir.iterdir()}
-    child = subprocess.Popen(torchrun_command(job_path, nodes, log_dir, run_args), env={**os.environ, **env})
+    command = torchrun_command(job_path, nodes, log_dir, run_args)
+    child = subprocess.Popen(command, env=torchrun_env(nodes, {**os.environ, **env}))
     # A signal to `dsbuild train` goes on to torchrun, which forwards it to the workers; this process waits for
     # them all (and so holds the output folder's lock until the last is gone).
     received: list[str] = []
@@ -230,9 +252,19 @@ def failure_report(run_dir: Path | None, tail: int = 15) -> list[str]:
             except (OSError, ValueError, AttributeError):
                 stamp, said = "", []
             failed.append((stamp, rank_dir, said[-1] if said else ""))
+    lines = []
     if not failed:  # killed, or died before Python could record anything: show every rank
         failed = [("", rank_dir, "") for rank_dir in ranks]
-    lines = []
+    elif len(failed) < len(ranks):
+        # A rank that left no error of its own while the others did was lost first (a signal, the out-of-memory
+        # killer, its node): the others then failed waiting for it in a collective. Name it first.
+        recorded = {rank_dir for _, rank_dir, _ in failed}
+        for rank_dir in ranks:
+            if rank_dir not in recorded:
+                lines.append(
+                    f"local rank {rank_dir.name} was lost: it ended without an error of its own (killed by a signal, "
+                    "or by the out-of-memory killer), and the others failed waiting for it"
+                )
     shown: set[str] = set()
     for _, rank_dir, message in sorted(failed, key=lambda f: f[0]):
         if message and message in shown:

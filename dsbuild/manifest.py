@@ -265,14 +265,15 @@ def rank_files(tag_dir: Path, manifest: Mapping[str, Any], rank: int) -> list[st
     return [*own, *(name for name in manifest["files"] if name not in claimed)]
 
 
-def verify_rank(tag_dir: Path, manifest: Mapping[str, Any], rank: int) -> None:
-    """Every file of ``rank``'s share of the checkpoint (``rank_files``) present, of its size and digest; else
-    ``CheckpointError`` naming the first that is not. What one process checks before a collective load."""
+def verify_rank(tag_dir: Path, manifest: Mapping[str, Any], rank: int) -> list[str]:
+    """Every file of ``rank``'s share of the checkpoint (``rank_files``) present, of its size and digest (their names),
+    else ``CheckpointError`` naming the first that is not. What one process checks before a collective load."""
     names = rank_files(tag_dir, manifest, rank)
     unlisted = [name for name in names if name not in manifest["files"]]
     if unlisted:
         raise CheckpointError(f"{tag_dir / unlisted[0]}: not in the manifest (altered)")
     check_files(tag_dir, {"files": {name: manifest["files"][name] for name in names}}, hashes=True)
+    return names
 
 
 _DIFFERS: Final = "its contents differ from the manifest's {algorithm} digest (altered or damaged)"

@@ -123,15 +123,16 @@ def load(
     def attempt(name: str, found: dict[str, Any]) -> None:
         # Every process checks its own share of the files first, and all agree, before any enters DeepSpeed's load:
         # inside it, a process that stopped on a damaged shard would leave the others waiting in a collective.
-        problem = None
+        problem, checked = None, []
         try:
-            manifest.verify_rank(load_dir / name, found, distributed.rank())
+            checked = manifest.verify_rank(load_dir / name, found, distributed.rank())
         except CheckpointError as e:
             problem = str(e)
         found_bad = [text for text in distributed.all_texts(problem) if text]
         if found_bad:  # every process names the first damaged file, whichever process found it
             raise CheckpointError(problem or found_bad[0])
         writer.expected = manifest.expected_files(load_dir / name, found)
+        writer.verified = {str((load_dir / name / file).resolve()) for file in checked}  # not hashed twice
         try:
             loaded, _ = engine.load_checkpoint(str(load_dir), tag=name, load_module_strict=module_strict)
             if loaded is None:
@@ -144,7 +145,7 @@ def load(
             said = str(e).splitlines()[0] if str(e) else type(e).__name__
             problem = f"{load_dir / name}: DeepSpeed could not load it: {said}"
         finally:
-            writer.expected = None
+            writer.expected, writer.verified = None, set()
         # Every rank takes the same decision: a file one rank found damaged fails the checkpoint for all.
         if distributed.all_sum([1.0 if problem else 0.0], engine.device)[0]:
             raise CheckpointError(problem or f"{load_dir / name}: damaged (found by another process)")

@@ -108,6 +108,8 @@ class VerifyingCheckpointEngine:
         """Absolute path -> (size, digest) of each file ``save`` wrote since ``begin``."""
         self.expected: dict[str, tuple[int, str, str]] | None = None
         """Absolute path -> (size, algorithm, digest) the files ``load`` may read; ``None``: outside a verified load."""
+        self.verified: set[str] = set()
+        """Absolute paths of files this process hashed against the manifest just before the load: not hashed again."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -139,6 +141,8 @@ class VerifyingCheckpointEngine:
         expected = None if self.expected is None else self.expected.get(key)
         if self.expected is not None and expected is None:
             raise CheckpointError(f"{target}: not in the checkpoint's manifest, so it is not loaded")
+        if key in self.verified:
+            expected = None  # hashed against the manifest just before this load (checkpoints.load)
         result: list[str] = []
         algorithm = expected[1] if expected is not None else self.digest
         hashing = threading.Thread(target=lambda: result.append(file_digest(target, algorithm)))

@@ -45,6 +45,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, floa
     folder = tmp_path_factory.mktemp("runs")
     done = _train(folder / "four", "--set=training.max_steps=4")
     assert done.returncode == 0, done.stderr[-3000:]
+    # torchrun's lines of rank 0 name its node and global rank (launch.LOG_PREFIX), not [default0]:
+    assert "[node0 rank0]:" in done.stdout + done.stderr and "[default0]" not in done.stdout + done.stderr
     reference = _train(folder / "six", "--set=training.max_steps=6")
     assert reference.returncode == 0, reference.stderr[-3000:]
     return folder / "four", _losses(folder / "six")

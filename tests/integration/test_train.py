@@ -19,6 +19,7 @@ import pytest
 pytest.importorskip("deepspeed")
 pytest.importorskip("transformers")
 
+from dsbuild import manifest
 from dsbuild.history import read as read_history
 from dsbuild.session.distributed import free_port
 
@@ -212,3 +213,48 @@ def test_a_failing_rank_fails_the_command_and_shows_its_error(tmp_path: Path) ->
     assert "dsbuild: error: local rank 0 failed: ImportError: FlashAttention2 has been toggled on" in done.stderr
     assert "  last lines of " in done.stderr and "stderr.log:" in done.stderr
     assert not (tmp_path / "fail" / "model").exists()
+
+
+def _rank_pid(local_rank: int) -> int | None:
+    """The pid of this machine's ``dsbuild.cli.rank`` process of ``local_rank``, if there is one."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes()
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"dsbuild.cli.rank" in command and f"LOCAL_RANK={local_rank}".encode() in environ:
+            return int(entry.name)
+    return None
+
+
+@pytest.mark.slow
+def test_a_rank_killed_mid_run_ends_the_run_promptly_and_is_named(tmp_path: Path) -> None:
+    """A worker SIGKILLed after step 3 of a 2-process run: dsbuild train exits non-zero within 60 s, names the
+    lost rank first (not the survivor, which failed waiting for it), and the last complete checkpoint verifies."""
+    out = tmp_path / "out"
+    argv = ["train", "--nproc-per-node", "2", *sets(max_steps=200, save_steps=2, logging_steps=1, output_dir=str(out))]
+    child = subprocess.Popen(
+        [sys.executable, "-m", "dsbuild", *argv], cwd=tmp_path, env=fresh_env(), text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and child.poll() is None:
+        history = out / "history.jsonl"
+        if history.is_file() and len(train_records(read_history(history))) >= 3:
+            break
+        time.sleep(0.2)
+    pid = _rank_pid(1)
+    assert pid is not None and child.poll() is None
+    os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+    _, stderr = child.communicate(timeout=300)
+    assert time.monotonic() - killed < 60
+    assert child.returncode not in (0, None), stderr[-3000:]
+    errors = [line for line in stderr.splitlines() if line.startswith("dsbuild: error: local rank")]
+    assert errors and errors[0].startswith("dsbuild: error: local rank 1 was lost"), stderr[-3000:]
+    last = manifest.last_complete(out / "checkpoints")
+    assert last is not None
+    manifest.verify(out / "checkpoints" / last)

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from dsbuild import launch
 from dsbuild.errors import ConfigError, InvalidValueError
 from dsbuild.launch import Nodes, nodes
 from dsbuild.slurm import MAX_HOSTS, Allocation, allocation, parse_hostlist, unplaced
@@ -290,3 +291,15 @@ def test_requeue_target_is_the_array_task_or_the_job() -> None:
     assert requeue_target({"SLURM_JOB_ID": "1234"}) == "1234"
     assert requeue_target({}) is None
     assert requeue_target({"SLURM_JOB_ID": "12; rm -rf /"}) is None  # only an id ever reaches scontrol
+
+
+def test_torchruns_log_lines_name_the_node_and_the_global_rank() -> None:
+    """Each node's torchrun prefixes a rank's lines with its node and global rank ([node1 rank2]:), not torchrun's
+    [default0]: on every node; a template the user set is kept."""
+    from string import Template
+
+    env = launch.torchrun_env(launch.Nodes(2, 2, 1, "10.0.0.1"), {"PATH": "/bin"})
+    template = env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"]
+    assert Template(template).safe_substitute(rank=3, local_rank=1, role_name="default") == "[node1 rank3]:"
+    mine = {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[${rank}]:"}
+    assert launch.torchrun_env(launch.Nodes(2), mine)["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] == "[${rank}]:"
