@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -57,6 +58,7 @@ __all__ = [
     "list_checkpoints",
     "pick",
     "prune",
+    "rank_entry",
     "rank_files",
     "read_json",
     "read_latest",
@@ -253,16 +255,34 @@ def rank_files(tag_dir: Path, manifest: Mapping[str, Any], rank: int) -> list[st
     """The files of checkpoint ``tag_dir`` that are process ``rank``'s: its state file and the files it lists, and for
     rank 0 also the files no process lists (written around DeepSpeed's engine). Each file of the manifest is one
     rank's, so the ranks together cover the checkpoint. ``CheckpointError`` names a state file that is unreadable."""
-    own_state = read_rank_state(tag_dir, rank, manifest)
-    own = [RANK_STATE.format(rank=rank), *own_state.get("files", {})]
-    if rank != 0:
+    listed = manifest.get("ranks")
+    if isinstance(listed, dict):  # the manifest says whose each file is (every node's own manifest does)
+        own = [str(name) for name in listed.get(str(rank), ())] if isinstance(listed.get(str(rank)), list) else []
+        if not own:
+            raise CheckpointError(f"{tag_dir / MANIFEST}: holds no files of rank {rank} (saved by other processes?)")
+        claimed = {str(name) for names in listed.values() if isinstance(names, list) for name in names}
+    else:  # a manifest of an earlier version: the ranks' state files say
+        own_state = read_rank_state(tag_dir, rank, manifest)
+        own = [RANK_STATE.format(rank=rank), *own_state.get("files", {})]
+        world = int(manifest.get("run", {}).get("world_size") or 1)
+        claimed = set()
+        if rank == 0:
+            for other in range(world):
+                name = RANK_STATE.format(rank=other)
+                claimed |= {name, *read_json(tag_dir / name).get("files", {})}
+    if own[0] != RANK_STATE.format(rank=rank):
+        raise CheckpointError(f"{tag_dir / MANIFEST}: rank {rank}'s files do not start with its state file")
+    if rank != min(_ranks_here(manifest, rank)):
         return own
-    world = int(manifest.get("run", {}).get("world_size") or 1)
-    claimed: set[str] = set()
-    for other in range(world):
-        name = RANK_STATE.format(rank=other)
-        claimed |= {name, *read_json(tag_dir / name).get("files", {})}
     return [*own, *(name for name in manifest["files"] if name not in claimed)]
+
+
+def _ranks_here(manifest: Mapping[str, Any], rank: int) -> list[int]:
+    """The ranks whose files this manifest lists (every rank, for a folder all ranks share)."""
+    listed = manifest.get("ranks")
+    if isinstance(listed, dict):
+        return sorted(int(r) for r in listed if str(r).isdigit()) or [rank]
+    return list(range(int(manifest.get("run", {}).get("world_size") or 1)))
 
 
 def verify_rank(tag_dir: Path, manifest: Mapping[str, Any], rank: int) -> list[str]:
@@ -279,20 +299,45 @@ def verify_rank(tag_dir: Path, manifest: Mapping[str, Any], rank: int) -> list[s
 _DIFFERS: Final = "its contents differ from the manifest's {algorithm} digest (altered or damaged)"
 
 
+def rank_entry(tag_dir: Path, rank: int, state: Mapping[str, Any], digest: str = DIGEST) -> dict[str, Any]:
+    """What process ``rank`` tells the manifest's writer of its share, after writing its state file: that file's
+    size and digest, and its files (from ``state``), so that the writer needs none of another process's files."""
+    path = tag_dir / RANK_STATE.format(rank=rank)
+    return {"state": {"size": path.stat().st_size, digest: file_digest(path, digest)}, "files": dict(state["files"])}
+
+
 def write_manifest(
-    tag_dir: Path, *, tag: str, step: int, world_size: int, facts: RunFacts, digest: str = DIGEST
+    tag_dir: Path,
+    *,
+    tag: str,
+    step: int,
+    world_size: int,
+    facts: RunFacts,
+    digest: str = DIGEST,
+    shares: Mapping[int, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Rank 0, after every rank has written: the manifest of ``tag_dir`` (hashes from the rank files), atomically."""
+    """After every rank has written: the manifest of ``tag_dir``, atomically. ``shares``: each rank's ``rank_entry``
+    (gathered through the process group); the manifest lists those ranks' files, each under its rank, and the files
+    here that no rank lists. Without ``shares``, every rank's state file is read from ``tag_dir`` (one folder that
+    all ranks share)."""
+    if shares is None:
+        shares = {}
+        for rank in range(world_size):
+            path = tag_dir / RANK_STATE.format(rank=rank)
+            state = read_json(path)
+            shares[rank] = {"state": {"size": path.stat().st_size, digest: file_digest(path, digest)}, **state}
     files: dict[str, dict[str, Any]] = {}
-    for rank in range(world_size):
-        path = tag_dir / RANK_STATE.format(rank=rank)
-        state = read_json(path)
-        files[path.name] = {"size": path.stat().st_size, digest: file_digest(path, digest)}
-        for name, entry in state.get("files", {}).items():
-            files[name] = dict(entry)
+    ranks: dict[str, list[str]] = {}
+    for rank, share in sorted(shares.items()):
+        name = RANK_STATE.format(rank=rank)
+        files[name] = dict(share["state"])
+        for file, entry in share.get("files", {}).items():
+            files[file] = dict(entry)
+        ranks[str(rank)] = [name, *share.get("files", {})]
     # Anything else in the folder (written by DeepSpeed around its checkpoint engine) is hashed here.
     others = [p for p in sorted(tag_dir.rglob("*")) if p.is_file() and _rel(p, tag_dir) not in files]
     others = [p for p in others if p.name != MANIFEST and not p.name.startswith(".")]
+    others = [p for p in others if not _STATE_NAME.fullmatch(p.name)]  # another node's rank: not this folder's
     for path, hexdigest in zip(others, _hash_all(others, [digest] * len(others)), strict=True):
         files[_rel(path, tag_dir)] = {"size": path.stat().st_size, digest: hexdigest}
     manifest = {
@@ -303,9 +348,13 @@ def write_manifest(
         "versions": {"dsbuild": VERSION, "deepspeed": installed("deepspeed"), "torch": installed("torch")},
         "run": facts.to_json(),
         "files": dict(sorted(files.items())),
+        "ranks": ranks,
     }
     write_atomic(tag_dir / MANIFEST, json.dumps(manifest, indent=1) + "\n", durable=False)
     return manifest
+
+
+_STATE_NAME: Final = re.compile(r"dsbuild_rank\d+\.json")
 
 
 def _rel(path: Path, root: Path) -> str:
@@ -458,24 +507,32 @@ def pick(
     tag: str | None,
     facts: RunFacts,
     attempt: Callable[[str, dict[str, Any]], None],
+    *,
+    agree: Callable[[str | None], str | None] = lambda problem: problem,
+    tags: Sequence[str] | None = None,
 ) -> tuple[str, dict[str, Any], list[str]]:
     """Load a checkpoint with ``attempt(tag, manifest)``: ``tag``, else the newest that verifies.
 
-    A run whose facts differ from the checkpoint's is refused (``mismatch_error``), not fallen back
-    from. A damaged checkpoint (a file missing, truncated, altered, or refused by the weights-only
+    ``tags``: the checkpoints to try, newest first (default: those in ``save_dir``); ``agree``: turns one
+    process's problem with a checkpoint into the decision all processes take. A run whose facts differ from the
+    checkpoint's is refused (``mismatch_error``), not fallen back from. A damaged checkpoint (a file missing, truncated, altered, or refused by the weights-only
     loader) is skipped for the next older one, and said so. Returns the tag, its manifest and the
     notes on what was skipped.
     """
-    tags = [tag] if tag is not None else candidates(save_dir)
+    tags = [tag] if tag is not None else (list(tags) if tags is not None else candidates(save_dir))
     if not tags:
         raise CheckpointError(f"{save_dir}: no checkpoint to resume from")
     notes: list[str] = []
     for name in tags:
         tag_dir = save_dir / name
+        problem, manifest = None, {}
         try:
             manifest = verify(tag_dir, hashes=False)  # sizes now; the contents as they are loaded
         except CheckpointError as e:
-            notes.append(str(e))
+            problem = str(e)
+        problem = agree(problem)  # with several processes: all take the same decision (each node has its folder)
+        if problem:
+            notes.append(problem)
             continue
         changes = facts.changes(manifest.get("run", {}))
         if changes:

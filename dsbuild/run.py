@@ -303,6 +303,11 @@ def _run(
     session = ready.session
     session.terminate_on_nan = terminate_on_nan
     session.after_save, session.save_requested = hooks.after_save, hooks.save_requested
+    checkpoint = session.config.checkpoint
+    if distributed.world_size() > 1 and not (checkpoint is not None and checkpoint.use_node_local_storage is True):
+        from .session.checkpoints import require_shared
+
+        require_shared(job.output_dir)  # before training: a node-local output folder fails at the first save
     main_process = distributed.rank() == 0
     say = logger.info if main_process else (lambda _: None)
     if ready.note:

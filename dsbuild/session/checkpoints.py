@@ -23,7 +23,7 @@ from .. import manifest
 from ..errors import CheckpointError
 from . import distributed, weights_only
 
-__all__ = ["load", "save"]
+__all__ = ["load", "require_shared", "save"]
 
 logger = logging.getLogger("dsbuild")
 
@@ -39,7 +39,11 @@ def save(
     keep_last: int | None,
 ) -> str:
     """Collective: checkpoint ``tag`` of ``engine`` in ``save_dir``, with this process's ``position``; the tag."""
-    rank, main = distributed.rank(), distributed.rank() == 0
+    rank = distributed.rank()
+    # Who writes the manifest: rank 0 into the one folder all share; with node-local storage (checkpoint.
+    # use_node_local_storage, HF's save_on_each_node) each node's first process, into its node's folder.
+    node_local = bool(engine.use_node_local_storage())
+    main = distributed.local_rank() == 0 if node_local else rank == 0
     tag_dir = save_dir / tag
     writer = weights_only.install(engine)
     if main and (tag_dir / manifest.MANIFEST).exists():
@@ -59,11 +63,17 @@ def save(
             for path, (size, digest) in writer.written.items()
             if path.startswith(root + os.sep)
         }
-        manifest.write_rank_state(tag_dir, rank, {**position, "rank": rank, "files": files})
+        state = {**position, "rank": rank, "files": files}
+        manifest.write_rank_state(tag_dir, rank, state)
+        share = manifest.rank_entry(tag_dir, rank, state, writer.digest)
     except OSError as e:
         raise _save_failed(save_dir, tag, e, main) from None
-    distributed.barrier()  # every rank's files are on disk
+    # Every rank's files are on disk; what each wrote reaches the manifest's writers through the process group, so
+    # no process reads another's files (which, without a shared disk, are on another node).
+    shares = distributed.all_objects((distributed.node_rank(), share))
     if main:
+        node = distributed.node_rank()
+        here = {r: s for r, (n, s) in enumerate(shares) if not node_local or n == node}
         try:
             manifest.write_manifest(
                 tag_dir,
@@ -72,6 +82,7 @@ def save(
                 world_size=distributed.world_size(),
                 facts=facts,
                 digest=writer.digest,
+                shares=here,
             )
             manifest.write_latest(save_dir, tag)
         except OSError as e:
@@ -80,6 +91,51 @@ def save(
             manifest.prune(save_dir, keep_last)
     distributed.barrier()
     return tag
+
+
+def _common_tags(load_dir: Path) -> tuple[list[str], list[str]]:
+    """Collective: the checkpoints every process has (newest first; each node may have its own folder), and a note
+    for each that some processes lack (a node whose files are gone: the placement changed)."""
+    everyone = distributed.all_objects(manifest.candidates(load_dir))
+    step = {name: number for names in everyone for name in names if (number := _step_of(name)) is not None}
+    seen = sorted({name for names in everyone for name in names}, key=lambda n: (step.get(n, -1), n), reverse=True)
+    common, notes = [], []
+    for name in seen:
+        lacking = [rank for rank, names in enumerate(everyone) if name not in names]
+        if lacking:
+            ranks = ", ".join(map(str, lacking))
+            notes.append(f"{load_dir / name}: missing for rank(s) {ranks} (their node holds no such checkpoint)")
+        else:
+            common.append(name)
+    return common, notes
+
+
+def _step_of(name: str) -> int | None:
+    digits = name.removeprefix("global_step")
+    return int(digits) if digits.isdigit() else None
+
+
+def require_shared(folder: Path) -> None:
+    """Collective: raise ``CheckpointError`` on every process when some process does not see the files rank 0 writes
+    in ``folder`` (a node-local disk): its first checkpoint would fail. Say how to keep node-local checkpoints."""
+    rank = distributed.rank()
+    marker = folder / f".dsbuild-shared-{os.getpid()}-{rank}"
+    if rank == 0:
+        folder.mkdir(parents=True, exist_ok=True)
+        marker.write_text("")
+    name = distributed.all_objects(marker.name)[0]
+    seen = (folder / name).is_file()
+    lacking = [r for r, ok in enumerate(distributed.all_objects(seen)) if not ok]
+    distributed.barrier()
+    if rank == 0:
+        marker.unlink(missing_ok=True)
+    if lacking:
+        raise CheckpointError(
+            f"{folder}: rank(s) {', '.join(map(str, lacking))} do not see the files rank 0 writes there (each node has "
+            "its own disk), so the first checkpoint would fail: put the output folder on a filesystem every node "
+            "shares, or set training.save_on_each_node = true (DeepSpeed's checkpoint.use_node_local_storage) to keep "
+            "each node's checkpoints on its own disk"
+        )
 
 
 def _save_failed(save_dir: Path, tag: str, error: OSError, main: bool) -> CheckpointError:
@@ -125,12 +181,14 @@ def load(
         # inside it, a process that stopped on a damaged shard would leave the others waiting in a collective.
         problem, checked = None, []
         try:
-            checked = manifest.verify_rank(load_dir / name, found, distributed.rank())
+            # One process has nobody to leave waiting: its files are verified as torch reads them, in one pass.
+            if distributed.world_size() > 1:
+                checked = manifest.verify_rank(load_dir / name, found, distributed.rank())
         except CheckpointError as e:
             problem = str(e)
-        found_bad = [text for text in distributed.all_texts(problem) if text]
-        if found_bad:  # every process names the first damaged file, whichever process found it
-            raise CheckpointError(problem or found_bad[0])
+        agreed = agree(problem)  # every process names the first damaged file, whichever process found it
+        if agreed:
+            raise CheckpointError(agreed)
         writer.expected = manifest.expected_files(load_dir / name, found)
         writer.verified = {str((load_dir / name / file).resolve()) for file in checked}  # not hashed twice
         try:
@@ -150,7 +208,14 @@ def load(
         if distributed.all_sum([1.0 if problem else 0.0], engine.device)[0]:
             raise CheckpointError(problem or f"{load_dir / name}: damaged (found by another process)")
 
-    name, _, skipped = manifest.pick(load_dir, tag, facts, attempt)
+    def agree(problem: str | None) -> str | None:
+        """The first problem any process found with a checkpoint, on every process (so all move on together)."""
+        found = [text for text in distributed.all_texts(problem) if text]
+        return (problem or found[0]) if found else None
+
+    tags, missing = _common_tags(load_dir) if tag is None else (None, [])
+    name, _, skipped = manifest.pick(load_dir, tag, facts, attempt, agree=agree, tags=tags)
+    skipped = [*missing, *skipped]
     _reapply_lr(engine)
     if skipped and distributed.rank() == 0:
         for note in skipped:

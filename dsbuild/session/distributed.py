@@ -5,13 +5,28 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Mapping
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["all_sum", "all_texts", "barrier", "ensure_env", "init", "is_initialized", "rank", "world_size"]
+__all__ = [
+    "all_objects",
+    "all_sum",
+    "all_texts",
+    "barrier",
+    "ensure_env",
+    "init",
+    "is_initialized",
+    "local_rank",
+    "node_rank",
+    "rank",
+    "world_size",
+]
 
 # What torchrun / the DeepSpeed launcher set, and what DeepSpeed's MPI discovery reads.
+T = TypeVar("T")
+
 _LAUNCHER_KEYS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 _WORLD_SIZE_KEYS = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
@@ -106,13 +121,31 @@ def barrier() -> None:
         dist.barrier()
 
 
+def all_objects(value: T) -> list[T]:
+    """Each process's ``value`` (a small JSON-like object), in rank order, on every process (one collective)."""
+    if not is_initialized() or dist.get_world_size() == 1:
+        return [value]
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered
+
+
 def all_texts(text: str | None) -> list[str | None]:
     """Each process's ``text``, in rank order, on every process (one collective): what each one found."""
-    if not is_initialized() or dist.get_world_size() == 1:
-        return [text]
-    gathered: list[str | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, text)
-    return gathered
+    return all_objects(text)
+
+
+def local_rank() -> int:
+    """This process's rank on its node (the launcher's ``LOCAL_RANK``)."""
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def node_rank() -> int:
+    """This process's node (torchrun's ``GROUP_RANK``; else the global rank over the processes per node)."""
+    if "GROUP_RANK" in os.environ:
+        return int(os.environ["GROUP_RANK"])
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "0")) or 1
+    return rank() // per_node
 
 
 def all_sum(values: list[float], device: torch.device | str) -> list[float]:

@@ -258,3 +258,61 @@ def test_a_rank_killed_mid_run_ends_the_run_promptly_and_is_named(tmp_path: Path
     last = manifest.last_complete(out / "checkpoints")
     assert last is not None
     manifest.verify(out / "checkpoints" / last)
+
+
+def _two_nodes_apart(cwd: Path, argv: list[str], outs: tuple[Path, Path]) -> list[tuple[int, str]]:
+    """``dsbuild train ARGV`` as node 0 and node 1 of one run on this machine, each writing to its own folder (two
+    machines without a shared disk); each node's exit code and output."""
+    port = str(free_port())
+    launches = []
+    for rank in (0, 1):
+        flags = ["--nnodes", "2", "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", port]
+        command = [sys.executable, "-m", "dsbuild", "train", *flags, *argv, *sets(output_dir=str(outs[rank]))]
+        log = (cwd / f"apart{rank}.log").open("w")
+        launches.append(
+            (subprocess.Popen(command, cwd=cwd, env=fresh_env(), stdout=log, stderr=subprocess.STDOUT), log)
+        )
+    results = []
+    for rank, (child, log) in enumerate(launches):
+        child.wait(timeout=600)
+        log.close()
+        results.append((child.returncode, (cwd / f"apart{rank}.log").read_text()))
+    return results
+
+
+@pytest.mark.slow
+def test_two_nodes_without_a_shared_disk(tmp_path: Path) -> None:
+    """Two nodes, each with its own output folder: without save_on_each_node the run is refused before training,
+    naming the setting; with it, each node's checkpoint (its own ranks' files, its own manifest) verifies, and
+    --resume on both continues with the losses of the same run on one node (fp32, <= 1e-6)."""
+    outs = (tmp_path / "node0", tmp_path / "node1")
+    steps = [*sets(save_steps=2, logging_steps=1, bf16=False)]
+    refused = _two_nodes_apart(tmp_path, [*steps, *sets(max_steps=4)], outs)
+    assert all(code != 0 for code, _ in refused), refused
+    assert "do not see the files rank 0 writes there" in refused[0][1] and "save_on_each_node = true" in refused[0][1]
+    assert not (outs[0] / "checkpoints").exists()  # refused before the first step
+
+    for out in outs:
+        shutil.rmtree(out, ignore_errors=True)
+    apart = [*steps, *sets(save_on_each_node=True)]
+    first = _two_nodes_apart(tmp_path, [*apart, *sets(max_steps=4)], outs)
+    assert [code for code, _ in first] == [0, 0], first[0][1][-3000:] + first[1][1][-3000:]
+    for rank, out in enumerate(outs):
+        listed = dsbuild("checkpoints", str(out), cwd=tmp_path)
+        assert listed.returncode == 0 and "global_step4" in listed.stdout, listed.stdout + listed.stderr
+        held = {p.name for p in (out / "checkpoints" / "global_step4").glob("dsbuild_rank*.json")}
+        assert held == {f"dsbuild_rank{rank}.json"}  # each node holds its own rank's files only
+
+    again = _two_nodes_apart(tmp_path, [*apart, *sets(max_steps=6), "--resume"], outs)
+    assert [code for code, _ in again] == [0, 0], again[0][1][-3000:] + again[1][1][-3000:]
+    one_node = ok(
+        dsbuild(
+            "train", "--nproc-per-node", "2", *steps, *sets(max_steps=6, output_dir=str(tmp_path / "one")), cwd=tmp_path
+        )
+    )
+    assert one_node.returncode == 0
+    want = {h["step"]: h["loss"] for h in train_records(read_history(tmp_path / "one" / "history.jsonl"))}
+    got = {h["step"]: h["loss"] for h in train_records(read_history(outs[0] / "history.jsonl"))}
+    assert sorted(got) == sorted(want) == [1, 2, 3, 4, 5, 6]
+    for step, loss in want.items():
+        assert abs(float(got[step]) - float(loss)) <= 1e-6 * abs(float(loss)), (step, got[step], loss)  # type: ignore[arg-type]
