@@ -126,6 +126,13 @@ def _train(args: argparse.Namespace) -> int:
         if args.resume_from is not None:
             error("--resume-from: not with the Ray backend, which resumes from Ray's latest checkpoint: pass --resume")
             return 2
+        checkpoint = job.config.checkpoint
+        if job.training.save_on_each_node or (checkpoint is not None and checkpoint.use_node_local_storage is True):
+            error(
+                f"{path}: training.save_on_each_node: not with the Ray backend yet (each node's manifest would meet "
+                "the others' in Ray's merged checkpoint): put output_dir on a shared filesystem (docs/ray.md)"
+            )
+            return 2
         # Ray places the workers: one driver for the whole run, no node of its own to name.
         placed = [f for f, given in (("--node-rank", args.node_rank), ("--master-addr", args.master_addr),
                                      ("--master-port", args.master_port)) if given is not None]  # fmt: skip

@@ -69,6 +69,14 @@ def test_the_ray_backend_refuses_node_flags(capsys: pytest.CaptureFixture[str]) 
     assert "--node-rank, --master-addr: not with the Ray backend" in capsys.readouterr().err
 
 
+def test_the_ray_backend_refuses_node_local_checkpoints(capsys: pytest.CaptureFixture[str]) -> None:
+    """save_on_each_node with --backend ray: refused before anything starts, naming the key (not supported yet)."""
+    pytest.importorskip("deepspeed")
+    pytest.importorskip("ray")
+    assert main(["train", "--backend", "ray", "--set", "training.save_on_each_node=true"]) == 2
+    assert "training.save_on_each_node: not with the Ray backend yet" in capsys.readouterr().err
+
+
 # -- real runs on a local Ray cluster -------------------------------------------------------------
 
 
