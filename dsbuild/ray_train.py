@@ -22,7 +22,7 @@ from typing import Any, Final
 
 from .errors import ConfigError, DsbuildError, RunStopped
 
-__all__ = ["RUN_NAME", "run_worker", "storage_path", "train"]
+__all__ = ["RUN_NAME", "refuse_earlier_run", "run_worker", "storage_path", "train"]
 
 RUN_NAME: Final = "checkpoints"
 """Ray's run name: its checkpoints are ``STORAGE/checkpoints/global_stepN``, a folder ``dsbuild checkpoints``
@@ -49,6 +49,16 @@ def _earlier_run(storage: str) -> bool:
     return bool(info.type != pyarrow.fs.FileType.NotFound)
 
 
+def refuse_earlier_run(job: Any) -> None:
+    """``ConfigError`` when the run's storage holds an earlier Ray run (Ray would silently resume from it)."""
+    storage = storage_path(job)
+    if _earlier_run(storage):
+        raise ConfigError(
+            f"launch.storage_path: {storage}/{RUN_NAME} holds an earlier Ray run's checkpoints, which Ray would "
+            "resume from; nothing was changed. Pass --resume to continue it, or set launch.storage_path elsewhere"
+        )
+
+
 def train(
     job: Any,
     job_path: Path,
@@ -67,11 +77,8 @@ def train(
     from ray.train.torch import TorchConfig, TorchTrainer
 
     storage = storage_path(job)
-    if not resume and _earlier_run(storage):
-        raise ConfigError(
-            f"launch.storage_path: {storage}/{RUN_NAME} holds an earlier Ray run's checkpoints, which Ray would "
-            "resume from; nothing was changed. Pass --resume to continue it, or set launch.storage_path elsewhere"
-        )
+    if not resume:
+        refuse_earlier_run(job)
     address = address or os.environ.get("RAY_ADDRESS") or None
     env = {key: os.environ[key] for key in _PASSED_ENV if key in os.environ}
     # Ray's own workers log warnings only (dsbuild's lines have their own logger): without a dashboard, Ray Train's

@@ -43,8 +43,9 @@ def add_train(commands: Commands) -> None:
         description=(
             "Train the model of a job file with DeepSpeed: in this process for one process, through torchrun for "
             "several processes or nodes. Without JOB, runs the built-in demo (a tiny Llama learning arithmetic, "
-            "about a minute on a CPU). Exit 0: trained; 1: the job's config fails validation, or a rank failed; "
-            "2: the job cannot be used."
+            "a few minutes on a CPU). Exit 0: trained; 1: the job's config fails validation, or a rank failed; "
+            "2: the job cannot be used; 75: stopped by a signal after saving a checkpoint (--resume continues); "
+            "130: interrupted."
         ),
     )
     p.add_argument("job", nargs="?", metavar="JOB", help="a job file (default: the built-in demo job)")
@@ -190,6 +191,10 @@ def _train(args: argparse.Namespace) -> int:
     except ConfigError as e:
         raise e if e.source else e.with_source(str(path)) from None
     resume = args.resume or args.resume_from is not None
+    if backend == "ray" and job.launch.storage_path is not None and not resume:
+        from .. import ray_train
+
+        ray_train.refuse_earlier_run(job)  # before anything is written (the default storage is guarded below)
     if node_rank == 0:
         try:
             job.output_dir.mkdir(parents=True, exist_ok=True)

@@ -224,3 +224,4 @@ def test_a_fresh_run_does_not_take_an_earlier_ray_run_in_its_storage(tmp_path: P
     assert done.returncode == 2, done.stderr[-2000:]
     assert "holds an earlier Ray run's checkpoints" in done.stderr and "Traceback" not in done.stderr
     assert (storage / "checkpoint_manager_snapshot.json").read_text() == "{}"
+    assert not (tmp_path / "out").exists()  # refused before the output folder is made
