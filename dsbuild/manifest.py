@@ -136,11 +136,13 @@ class RunFacts:
 
 _WHAT_TO_DO: Final = {
     "world_size": (
-        "run with the same number of processes (--nproc-per-node / --nnodes); dsbuild does not yet resume at "
-        "another world size (DeepSpeed's `python -m deepspeed.checkpoint.ds_to_universal` converts the "
-        "checkpoint, and `checkpoint.load_universal` loads it, in your own loop)"
+        "a resume at another world size converts the checkpoint (DeepSpeed's universal checkpoint) when nothing but "
+        "the world size and the batch split changed: keep the other facts"
     ),
-    "zero_stage": "use the checkpoint's ZeRO stage (DeepSpeed cannot load its states at another)",
+    "zero_stage": (
+        "use the checkpoint's ZeRO stage (DeepSpeed cannot load its states at another; its universal checkpoint of a "
+        "ZeRO-3 run fails to load at ZeRO-2)"
+    ),
     "micro_batch": "use the same per_device_train_batch_size (the saved data position counts micro-batches)",
     "gradient_accumulation": "use the same gradient_accumulation_steps (the saved position counts micro-batches)",
     "seed": "use the same seed (the data order and dropout follow it)",
@@ -502,22 +504,35 @@ def remove_failed(tag_dir: Path) -> bool:
     return True
 
 
+RESHAPES: Final = frozenset({"world_size", "micro_batch", "gradient_accumulation"})
+"""The facts a resume may change when the world size changes: the checkpoint is converted (a universal checkpoint)
+and the data position carried over as a count of samples."""
+
+
+def reshapes(changes: Sequence[tuple[str, Any, Any]]) -> bool:
+    """Whether a resume with these ``changes`` goes through a universal checkpoint (else it is refused)."""
+    names = {name for name, _, _ in changes}
+    return "world_size" in names and names <= RESHAPES
+
+
 def pick(
     save_dir: Path,
     tag: str | None,
     facts: RunFacts,
-    attempt: Callable[[str, dict[str, Any]], None],
+    attempt: Callable[[str, dict[str, Any], list[tuple[str, Any, Any]]], None],
     *,
     agree: Callable[[str | None], str | None] = lambda problem: problem,
     tags: Sequence[str] | None = None,
+    reshape: bool = False,
 ) -> tuple[str, dict[str, Any], list[str]]:
-    """Load a checkpoint with ``attempt(tag, manifest)``: ``tag``, else the newest that verifies.
+    """Load a checkpoint with ``attempt(tag, manifest, changes)``: ``tag``, else the newest that verifies.
 
     ``tags``: the checkpoints to try, newest first (default: those in ``save_dir``); ``agree``: turns one
     process's problem with a checkpoint into the decision all processes take. A run whose facts differ from the
-    checkpoint's is refused (``mismatch_error``), not fallen back from. A damaged checkpoint (a file missing, truncated, altered, or refused by the weights-only
-    loader) is skipped for the next older one, and said so. Returns the tag, its manifest and the
-    notes on what was skipped.
+    checkpoint's is refused (``mismatch_error``), not fallen back from, unless ``reshape`` and only the world size
+    and batch split changed (``reshapes``): then ``changes`` says what ``attempt`` must convert. A damaged checkpoint
+    (a file missing, truncated, altered, or refused by the weights-only loader) is skipped for the next older one,
+    and said so. Returns the tag, its manifest and the notes on what was skipped.
     """
     tags = [tag] if tag is not None else (list(tags) if tags is not None else candidates(save_dir))
     if not tags:
@@ -535,10 +550,10 @@ def pick(
             notes.append(problem)
             continue
         changes = facts.changes(manifest.get("run", {}))
-        if changes:
+        if changes and not (reshape and reshapes(changes)):
             raise mismatch_error(name, changes)
         try:
-            attempt(name, manifest)
+            attempt(name, manifest, changes)
         except CheckpointError as e:
             notes.append(str(e))
             continue

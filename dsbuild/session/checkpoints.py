@@ -14,14 +14,15 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .. import manifest
-from ..errors import CheckpointError
-from . import distributed, weights_only
+from ..errors import CheckpointError, SessionError
+from . import distributed, universal, weights_only
 
 __all__ = ["load", "require_shared", "save"]
 
@@ -48,6 +49,7 @@ def save(
     writer = weights_only.install(engine)
     if main and (tag_dir / manifest.MANIFEST).exists():
         (tag_dir / manifest.MANIFEST).unlink()  # being rewritten: incomplete until its new manifest
+        shutil.rmtree(tag_dir / universal.FOLDER, ignore_errors=True)  # converted from what is being replaced
     distributed.barrier()
     writer.begin()
     try:
@@ -148,6 +150,78 @@ def _save_failed(save_dir: Path, tag: str, error: OSError, main: bool) -> Checkp
     return CheckpointError(f"saving checkpoint {tag} in {save_dir} failed: {reason}{where}; {partial}{intact}")
 
 
+def _load_universal(
+    engine: Any,
+    tag_dir: Path,
+    found: dict[str, Any],
+    facts: manifest.RunFacts,
+    module_strict: bool,
+    writer: weights_only.VerifyingCheckpointEngine,
+    agree: Any,
+) -> dict[str, Any]:
+    """Collective: load checkpoint ``tag_dir``, saved at another world size, through its universal form (made by rank
+    0); this process's carried-over position. ``CheckpointError`` (damaged) is agreed by every process."""
+    then = found.get("run", {})
+    ranks = found.get("ranks")
+    partial = isinstance(ranks, dict) and set(ranks) != {str(r) for r in range(then["world_size"])}
+    if engine.use_node_local_storage() or partial:
+        raise SessionError(
+            f"{tag_dir}: saved by {then['world_size']} processes with node-local checkpoints (this folder holds only "
+            f"some ranks' files); resuming with {facts.world_size} needs every rank's files: copy each node's "
+            f"{tag_dir.name} folder into one shared folder, and resume from there without save_on_each_node"
+        )
+    problem: str | None = None
+    refused: str | None = None
+    if distributed.rank() == 0:
+        try:
+            universal.convert(tag_dir, found)
+        except CheckpointError as e:
+            problem = str(e)
+        except SessionError as e:
+            refused = str(e)
+    refused = next((text for text in distributed.all_texts(refused) if text), None)
+    if refused:
+        raise SessionError(refused)
+    agreed = agree(problem)
+    if agreed:
+        raise CheckpointError(agreed)
+    folder = tag_dir / universal.FOLDER
+    converted = manifest.verify(folder, hashes=False)  # the contents as they are read
+    saved = manifest.read_rank_state(tag_dir, 0, found)
+    own = (
+        manifest.read_rank_state(tag_dir, distributed.rank(), found)
+        if distributed.rank() < then["world_size"]
+        else None
+    )
+    position = universal.carried_position(saved, own, then, facts)
+    writer.expected, writer.verified = manifest.expected_files(folder, converted), set()
+    problem = refused = None
+    try:
+        with universal.loading(engine, writer):
+            loaded, _ = engine.load_checkpoint(str(tag_dir), tag=universal.FOLDER, load_module_strict=module_strict)
+        if loaded is None:
+            refused = f"{folder}: DeepSpeed's universal loader found nothing to load"
+    except CheckpointError as e:  # a damaged file: an older checkpoint may do
+        problem = str(e)
+    except (RuntimeError, OSError, ValueError, KeyError, AssertionError) as e:  # DeepSpeed cannot: no older one can
+        said = str(e).splitlines()[0] if str(e) else type(e).__name__
+        refused = (
+            f"{folder}: DeepSpeed's universal loader failed on it ({said}); resume with the processes that saved it"
+        )
+    finally:
+        writer.expected = None
+    agreed = agree(problem)
+    if agreed:
+        raise CheckpointError(agreed)
+    refused = next((text for text in distributed.all_texts(refused) if text), None)
+    if refused:
+        raise SessionError(refused)
+    if distributed.rank() == 0:
+        samples = int(position["batch_in_epoch"]) * facts.micro_batch * facts.world_size
+        logger.warning("%s", universal.describe(tag_dir, then, facts, samples))
+    return position
+
+
 def _reapply_lr(engine: Any) -> None:
     """Set the optimizer's learning rate from the loaded scheduler for the step it is at.
 
@@ -176,7 +250,10 @@ def load(
     writer = weights_only.install(engine)
     position: dict[str, Any] = {}
 
-    def attempt(name: str, found: dict[str, Any]) -> None:
+    def attempt(name: str, found: dict[str, Any], changes: list[tuple[str, Any, Any]]) -> None:
+        if changes:  # another world size (manifest.reshapes): through DeepSpeed's universal checkpoint
+            position.update(_load_universal(engine, load_dir / name, found, facts, module_strict, writer, agree))
+            return
         # Every process checks its own share of the files first, and all agree, before any enters DeepSpeed's load:
         # inside it, a process that stopped on a damaged shard would leave the others waiting in a collective.
         problem, checked = None, []
@@ -214,7 +291,7 @@ def load(
         return (problem or found[0]) if found else None
 
     tags, missing = _common_tags(load_dir) if tag is None else (None, [])
-    name, _, skipped = manifest.pick(load_dir, tag, facts, attempt, agree=agree, tags=tags)
+    name, _, skipped = manifest.pick(load_dir, tag, facts, attempt, agree=agree, tags=tags, reshape=True)
     skipped = [*missing, *skipped]
     _reapply_lr(engine)
     if skipped and distributed.rank() == 0:

@@ -625,7 +625,8 @@ class Session:
             int(state.get("batch_in_epoch", 0)),
             weights_only.decode_tensor(state.get("epoch_rng")),
         )
-        weights_only.set_rng_state(state["rng"])
+        if state.get("rng") is not None:  # none for a rank the saved run did not have (another world size)
+            weights_only.set_rng_state(state["rng"])
         self.last_saved = name
         if path is None and self.is_main_process and self.history_path is not None:
             history.cut_after(self.history_path, int(state["global_step"]))

@@ -12,6 +12,7 @@ state (RNG states, data position) is JSON (``rng_state``).
 from __future__ import annotations
 
 import base64
+import contextlib
 import errno
 import os
 import pickle
@@ -19,7 +20,7 @@ import random
 import re
 import shutil
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO, Final
 
@@ -35,6 +36,7 @@ __all__ = [
     "encode_tensor",
     "install",
     "rng_state",
+    "routed",
     "safe_globals",
     "set_rng_state",
 ]
@@ -110,6 +112,9 @@ class VerifyingCheckpointEngine:
         """Absolute path -> (size, algorithm, digest) the files ``load`` may read; ``None``: outside a verified load."""
         self.verified: set[str] = set()
         """Absolute paths of files this process hashed against the manifest just before the load: not hashed again."""
+        self.scratch: str | None = None
+        """An absolute folder whose files this process is writing now (a conversion's output): read weights-only,
+        though in no manifest yet."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -139,7 +144,8 @@ class VerifyingCheckpointEngine:
         target = Path(path)
         key = str(target.resolve())
         expected = None if self.expected is None else self.expected.get(key)
-        if self.expected is not None and expected is None:
+        mine = self.scratch is not None and key.startswith(self.scratch + os.sep)
+        if self.expected is not None and expected is None and not mine:
             raise CheckpointError(f"{target}: not in the checkpoint's manifest, so it is not loaded")
         if key in self.verified:
             expected = None  # hashed against the manifest just before this load (checkpoints.load)
@@ -151,7 +157,7 @@ class VerifyingCheckpointEngine:
         failure: CheckpointError | None = None
         try:
             with torch.serialization.safe_globals(safe_globals()):
-                loaded = torch.load(target, map_location=map_location, weights_only=True)
+                loaded = _torch_load(target, map_location=map_location, weights_only=True)
         except pickle.UnpicklingError as e:
             failure = CheckpointError(f"{target}: refused: {_unsafe_global(e)}")
         except (RuntimeError, EOFError, OSError, ValueError) as e:
@@ -167,6 +173,28 @@ class VerifyingCheckpointEngine:
         if failure is not None:
             raise failure
         return loaded
+
+
+_torch_load: Final = torch.load
+"""torch's own ``load``, which ``routed`` puts back."""
+
+
+@contextlib.contextmanager
+def routed(engine: VerifyingCheckpointEngine) -> Iterator[None]:
+    """Every ``torch.load`` of a file goes through ``engine.load`` (weights-only, checked against ``engine.expected``)
+    while inside: DeepSpeed's universal-checkpoint code (``ds_to_universal``, its ZeRO optimizers' universal loads)
+    calls ``torch.load(..., weights_only=False)`` itself, past the checkpoint engine."""
+
+    def load(f: Any, map_location: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if not isinstance(f, (str, os.PathLike)):
+            raise CheckpointError(f"a checkpoint load from {type(f).__name__}, not a file: refused (not verifiable)")
+        return engine.load(os.fspath(f), map_location)
+
+    torch.load = load
+    try:
+        yield
+    finally:
+        torch.load = _torch_load
 
 
 _GLOBAL = re.compile(r"GLOBAL ([\w.]+)")

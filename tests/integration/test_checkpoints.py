@@ -27,7 +27,7 @@ from _session_common import TokenData, tiny_llama  # noqa: E402
 from dsbuild import Config, manifest  # noqa: E402
 from dsbuild.errors import CheckpointError, NonFiniteLossError  # noqa: E402
 from dsbuild.history import read as read_history  # noqa: E402
-from dsbuild.session import Session  # noqa: E402
+from dsbuild.session import Session, weights_only  # noqa: E402
 from dsbuild.training import Training  # noqa: E402
 
 # torch's own AdamW (torch_adam): a resumed run then matches the uninterrupted one bit for bit (DeepSpeed's CPU
@@ -117,6 +117,22 @@ def test_a_pickle_planted_in_any_file_is_refused_and_runs_nothing(tmp_path: Path
         assert not marker.exists()
         victim.write_bytes(original)
         forge_manifest(tag_dir)
+
+
+def test_deepspeeds_own_torch_load_calls_are_routed_through_the_weights_only_loader(tmp_path: Path) -> None:
+    """DeepSpeed's universal-checkpoint code calls torch.load(weights_only=False) itself: inside routed, a planted
+    pickle is refused naming the global and runs nothing, a file outside the manifest is not read, and torch.load
+    is put back afterwards."""
+    victim, marker = tmp_path / "fp32.pt", tmp_path / "PWNED"
+    torch.save({"param": Payload(marker)}, victim)
+    checker = weights_only.VerifyingCheckpointEngine(None)
+    with weights_only.routed(checker), pytest.raises(CheckpointError) as info:
+        torch.load(victim, weights_only=False)
+    assert "posix.system" in str(info.value) and not marker.exists()
+    checker.expected = {}
+    with weights_only.routed(checker), pytest.raises(CheckpointError, match="not in the checkpoint's manifest"):
+        torch.load(victim, weights_only=False)
+    assert torch.load is weights_only._torch_load
 
 
 def test_a_truncated_file_falls_back_to_the_previous_checkpoint_and_resumes_exactly(

@@ -1,0 +1,147 @@
+"""Resuming at another world size: DeepSpeed's universal checkpoint, made and loaded by dsbuild.
+
+A checkpoint's ZeRO shards are cut for the processes that saved it. When a run resumes with another
+number of processes (a requeued job on fewer nodes, a move from 2 GPUs to 8), or splits the same
+samples into other micro-batches and accumulation steps, rank 0 converts the checkpoint with
+DeepSpeed's ``ds_to_universal`` (with ``--inject_missing_state``: an HF model carries no
+universal-checkpoint info of its own) into ``<tag>/universal``, beside the checkpoint's own files,
+with a manifest of its own; then every process loads it with DeepSpeed's universal loader
+(``checkpoint.load_universal``). Every file read on the way, the checkpoint's and the conversion's,
+is read weights-only and checked against its manifest (``weights_only.routed``). The data position
+is carried over as a count of samples, so no sample is trained twice or skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+
+from .. import manifest
+from ..errors import CheckpointError, SessionError
+from . import weights_only
+
+__all__ = ["FOLDER", "carried_position", "convert", "describe", "loading"]
+
+FOLDER: Final = "universal"
+"""Where a checkpoint's universal form is kept: ``<tag>/universal`` (removed with its checkpoint)."""
+
+
+def convert(tag_dir: Path, found: Mapping[str, Any]) -> Path:
+    """The universal form of checkpoint ``tag_dir`` (whose manifest is ``found``), verified; made once, by one process.
+
+    ``CheckpointError``: a file of the checkpoint is damaged (another checkpoint may do); ``SessionError``: DeepSpeed
+    could not convert it.
+    """
+    target = tag_dir / FOLDER
+    if target.is_dir():
+        try:
+            manifest.verify(target)
+            return target
+        except CheckpointError:
+            shutil.rmtree(target, ignore_errors=True)  # a conversion cut short, or damaged since: made again
+    work = tag_dir / f".{FOLDER}-{os.getpid()}"
+    shutil.rmtree(work, ignore_errors=True)
+    from deepspeed.checkpoint import ds_to_universal
+
+    args = argparse.Namespace(
+        input_folder=str(tag_dir),
+        output_folder=str(work),
+        num_extract_workers=1,  # no process pool forked from a process inside a process group
+        num_merge_workers=1,
+        keep_temp_folder=False,
+        strict=True,
+        inject_missing_state=True,
+    )
+    checker = weights_only.VerifyingCheckpointEngine(None)
+    checker.expected = manifest.expected_files(tag_dir, found)  # every source file checked as it is read
+    checker.scratch = str(work.resolve())  # and its own intermediate files read back weights-only
+    said = io.StringIO()
+    try:
+        with weights_only.routed(checker), contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+            ds_to_universal.main(args)
+    except CheckpointError:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    except (AssertionError, ValueError, KeyError, RuntimeError, OSError, NotImplementedError) as e:
+        shutil.rmtree(work, ignore_errors=True)
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise SessionError(
+            f"{tag_dir}: DeepSpeed's ds_to_universal could not convert it for another world size: {reason}; resume "
+            "with the processes that saved it"
+        ) from None
+    finally:
+        (tag_dir / "latest_universal").unlink(missing_ok=True)  # ds_to_universal writes it beside its output
+    facts = manifest.RunFacts(**{k: v for k, v in found.get("run", {}).items() if k in _FACTS})
+    manifest.write_manifest(
+        work,
+        tag=f"{found.get('tag', tag_dir.name)}/{FOLDER}",
+        step=int(found.get("global_step", 0)),
+        world_size=facts.world_size,
+        facts=facts,
+        shares={},  # no rank wrote here: every file is listed as this process hashes it
+    )
+    work.rename(target)
+    return target
+
+
+_FACTS: Final = {a.name for a in attrs.fields(manifest.RunFacts)}
+
+
+@contextlib.contextmanager
+def loading(engine: Any, writer: weights_only.VerifyingCheckpointEngine) -> Any:
+    """DeepSpeed's universal loader for one ``engine.load_checkpoint`` (``checkpoint.load_universal`` is read at load
+    time only), with every ``torch.load`` of it weights-only and verified through ``writer``."""
+    config = engine._config
+    before = config.load_universal_checkpoint
+    config.load_universal_checkpoint = True
+    try:
+        with weights_only.routed(writer):
+            yield
+    finally:
+        config.load_universal_checkpoint = before
+
+
+def carried_position(
+    saved: Mapping[str, Any], own: Mapping[str, Any] | None, then: Mapping[str, Any], now: manifest.RunFacts
+) -> dict[str, Any]:
+    """This process's position in a run that resumes at another world size or batch split: the saved run's place in
+    its data (``saved``: rank 0's state) as a count of samples, in this run's micro-batches; this process's RNG states
+    when the saved run had a process of its rank (``own``), else none (the seeded ones stay)."""
+    per_then = int(then.get("micro_batch") or 1) * int(then.get("world_size") or 1)
+    per_now = now.micro_batch * now.world_size
+    samples = int(saved.get("batch_in_epoch", 0)) * per_then
+    if samples % per_now:
+        raise SessionError(
+            f"the checkpoint is {samples} samples into epoch {saved.get('epoch', 0)}, not a whole number of this run's "
+            f"micro-batches ({now.micro_batch} samples x {now.world_size} processes): choose a "
+            "per_device_train_batch_size and process count whose product divides it"
+        )
+    step = int(saved["global_step"])
+    return {
+        **saved,
+        "batch_in_epoch": samples // per_now,
+        "micro_steps": step * now.gradient_accumulation,
+        "rng": own.get("rng") if own is not None else None,
+    }
+
+
+def describe(tag_dir: Path, then: Mapping[str, Any], now: manifest.RunFacts, samples: int) -> str:
+    """What a resume at another world size did, in one line."""
+
+    def split(world: Any, micro: Any, accumulation: Any) -> str:
+        return f"{world} process(es) x micro-batch {micro} x {accumulation} accumulation step(s)"
+
+    old = split(then.get("world_size"), then.get("micro_batch"), then.get("gradient_accumulation"))
+    new = split(now.world_size, now.micro_batch, now.gradient_accumulation)
+    return (
+        f"{tag_dir.name} was saved by {old}; this run has {new}: converted it with DeepSpeed's universal checkpoint "
+        f"into {tag_dir / FOLDER} and resumed {samples} samples into its epoch"
+    )
