@@ -27,6 +27,7 @@ import json
 import logging
 import math
 import os
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -120,7 +121,7 @@ def _datasets(job: Job, tokenizer: Any) -> Datasets:
     several = distributed.world_size() > 1
     first_on_node = int(os.environ.get("LOCAL_RANK", "0")) == 0
     if several:
-        distributed.init()  # the barrier needs the process group (Session.from_pretrained reuses it)
+        distributed.init(job.training.ddp_timeout)  # the barrier needs it (Session.from_pretrained reuses it)
         if not first_on_node:
             distributed.barrier()
     try:
@@ -268,14 +269,18 @@ def prepare(job: Job, data: Datasets | None = None) -> Prepared:
     from .session import Session, distributed
     from .session.building import pretrained_config
 
+    phase = _phase_teller(distributed.rank() == 0)
     source = model_source(job.model)
     pretrained = pretrained_config(source)
     tokenizer = build_tokenizer(job.model)
     keep_trained_template(tokenizer, job.data.format, job.data.chat_template)  # saved with the model
+    if data is None:
+        phase(f"reading and tokenizing the data ({job.data.path})")
     datasets = data if data is not None else _datasets(job, tokenizer)
     train, evaluation, note = datasets.train, datasets.evaluation, datasets.note
     total = _run_steps(job, len(train), distributed.world_size(), pretrained)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    phase(f"building the model ({len(train)} training samples, {total} steps)")
     session = Session.from_pretrained(
         source,
         job.config,
@@ -313,6 +318,10 @@ def _run(
     if ready.note:
         say(ready.note)
 
+    say(
+        f"starting DeepSpeed's engine (ZeRO-{session.run_facts.zero_stage}, {distributed.world_size()} process(es)); "
+        "the first run on a machine builds its ops, which can take minutes"
+    )
     resumed_from = None
     save_dir = job.output_dir / "checkpoints"
     history_file = job.output_dir / HISTORY
@@ -360,6 +369,17 @@ def _run(
 
 
 _MONITOR_NAMES: Final = {"csv_monitor": "CSV", "tensorboard": "TensorBoard", "wandb": "W&B", "comet": "Comet"}
+
+
+def _phase_teller(main_process: bool) -> Callable[[str], None]:
+    """Says (rank 0, to the ``dsbuild`` logger) each start-up phase as it begins, so a long start is not silent."""
+    started = time.monotonic()
+
+    def say(what: str) -> None:
+        if main_process:
+            logger.info("%s (%.0f s since start)", what, time.monotonic() - started)
+
+    return say
 
 
 def _monitors(ds_config: Path) -> list[str]:
