@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -64,6 +65,23 @@ class Nodes:
     warnings: tuple[str, ...] = ()
     """What may not be what the user meant: a job's ``launch.nnodes`` that Slurm overrides, a Slurm job of
     several nodes seen from outside its tasks, a process count that differs from the node's GPUs."""
+    min_nodes: int | None = None
+    """An elastic run (``--nnodes MIN:MAX``): the fewest nodes it trains on (``nnodes`` the most). The nodes meet at
+    torchrun's c10d rendezvous on ``master_addr:master_port``, which numbers them (``node_rank`` is not theirs to
+    give); ``None``: a fixed set of nodes."""
+    max_restarts: int = 0
+    """torchrun's ``--max-restarts``: how often the workers are started again after a failure (each resumes)."""
+    run_id: str = "dsbuild"
+    """The rendezvous id of an elastic run: the same on every node of one run, another for another run."""
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_nodes is not None
+
+    @property
+    def log_name(self) -> str:
+        """This node's folder under ``logs/torchrun``: its rank, or, elastic, its host and launcher process."""
+        return f"{socket.gethostname()}-{os.getpid()}" if self.elastic else f"node{self.node_rank}"
 
 
 def nodes(
@@ -163,12 +181,18 @@ SHUTDOWN_SECONDS: Final = 300
 def torchrun_command(job_path: Path, nodes: Nodes, log_dir: Path, run_args: Sequence[str]) -> list[str]:
     """The torchrun command line that starts this node's ranks of ``python -m dsbuild.cli.rank JOB RUN_ARGS``."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nodes.nproc)]
-    if nodes.nnodes == 1 and nodes.master_port is None:
+    if nodes.elastic:
+        endpoint = f"{nodes.master_addr or '127.0.0.1'}:{nodes.master_port or DEFAULT_MASTER_PORT}"
+        cmd += ["--nnodes", f"{nodes.min_nodes}:{nodes.nnodes}", "--rdzv-backend", "c10d"]
+        cmd += ["--rdzv-endpoint", endpoint, "--rdzv-id", nodes.run_id]
+    elif nodes.nnodes == 1 and nodes.master_port is None:
         cmd.append("--standalone")  # a free port of its own
     else:
         cmd += ["--nnodes", str(nodes.nnodes), "--node-rank", str(nodes.node_rank)]
         port = nodes.master_port or DEFAULT_MASTER_PORT
         cmd += ["--master-addr", nodes.master_addr or "127.0.0.1", "--master-port", str(port)]
+    if nodes.max_restarts:
+        cmd += ["--max-restarts", str(nodes.max_restarts)]  # each restart resumes (dsbuild.cli.rank)
     # Every rank's output goes to a file; rank 0 of the node is also shown here.
     cmd += ["--log-dir", str(log_dir), "--tee", "3", "--local-ranks-filter", "0"]
     # SIGTERM and SIGUSR1 (Slurm's --signal, a pod's stop) reach every worker, which save at the next step and
@@ -185,14 +209,15 @@ LOG_PREFIX: Final = "[node{node} rank${{rank}}]:"
 def torchrun_env(nodes: Nodes, env: Mapping[str, str]) -> dict[str, str]:
     """The environment torchrun runs in: ``env``, with its log-line prefix naming the node and the rank (unless the
     user chose one: ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``)."""
-    return {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": LOG_PREFIX.format(node=nodes.node_rank), **env}
+    prefix = "[rank${rank}]:" if nodes.elastic else LOG_PREFIX.format(node=nodes.node_rank)  # elastic: no node rank
+    return {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": prefix, **env}
 
 
 def torchrun(
     job: Job, job_path: Path, nodes: Nodes, run_args: Sequence[str], env: dict[str, str]
 ) -> tuple[int, list[str]]:
     """Start this node's ranks with torchrun and wait; the exit code and, on failure, what the failing rank said."""
-    log_dir = job.output_dir / "logs" / "torchrun" / f"node{nodes.node_rank}"
+    log_dir = job.output_dir / "logs" / "torchrun" / nodes.log_name
     log_dir.mkdir(parents=True, exist_ok=True)
     before = {p.name for p in log_dir.iterdir()}
     command = torchrun_command(job_path, nodes, log_dir, run_args)

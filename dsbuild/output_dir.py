@@ -80,41 +80,77 @@ def _holder(text: str) -> str:
 
 
 @contextmanager
-def lock(out: Path) -> Iterator[None]:
-    """Hold the output folder's lock for the ``with`` block; ``OutputDirError`` naming the run that holds it."""
+def lock(out: Path, *, elastic: str | None = None) -> Iterator[bool]:
+    """Hold the output folder's lock for the ``with`` block; ``OutputDirError`` naming the run that holds it.
+
+    ``elastic``: the rendezvous id of an elastic run, whose launchers (one per node, none of them node 0) share the
+    lock: the first takes the folder, the others of the same run join it, any other run is kept out. Yields whether
+    this process took the folder (``False``: it joined an elastic run's launcher that had).
+    """
     import fcntl
 
     out.mkdir(parents=True, exist_ok=True)
     path = out / LOCK
     handle: IO[str] = open(path, "a+", encoding="utf-8")
     try:
+        first = True
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.seek(0)
-            raise OutputDirError(
-                f"{out} is in use by {_holder(handle.read())}: wait for it to finish, or give this run another "
-                "training.output_dir"
-            ) from None
-        handle.seek(0)
-        left = handle.read().strip()
-        if left:
-            logger.info("took over %s, left by %s, which is no longer running", path, _holder(left))
-        handle.seek(0)
-        handle.truncate()
-        info = {
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])[:300],
-        }
-        handle.write(json.dumps(info) + "\n")
-        handle.flush()
-        try:
-            yield
-        finally:
+            holder = handle.read()
+            for _ in range(50 if elastic is not None else 0):  # the first launcher may not have written it yet
+                if holder.strip():
+                    break
+                time.sleep(0.1)
+                handle.seek(0)
+                holder = handle.read()
+            if elastic is None or _elastic_id(holder) != elastic:
+                raise OutputDirError(
+                    f"{out} is in use by {_holder(holder)}: wait for it to finish, or give this run another "
+                    "training.output_dir"
+                ) from None
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)  # a launcher of the same elastic run
+            except BlockingIOError:
+                raise OutputDirError(f"{out} is in use by {_holder(holder)}: wait for it to finish") from None
+            first = False
+        if first:
             handle.seek(0)
-            handle.truncate()  # a clean exit leaves an empty lock file: nothing to take over
+            left = handle.read().strip()
+            if left:
+                logger.info("took over %s, left by %s, which is no longer running", path, _holder(left))
+            handle.seek(0)
+            handle.truncate()
+            info = {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])[:300],
+                **({"elastic": elastic} if elastic is not None else {}),
+            }
+            handle.write(json.dumps(info) + "\n")
             handle.flush()
+            if elastic is not None:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_SH)  # the run's other launchers join
+        try:
+            yield first
+        finally:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # the last one out
+            except BlockingIOError:
+                pass  # another launcher of the elastic run still holds it
+            else:
+                handle.seek(0)
+                handle.truncate()  # a clean exit leaves an empty lock file: nothing to take over
+                handle.flush()
     finally:
         handle.close()
+
+
+def _elastic_id(text: str) -> str | None:
+    try:
+        found = json.loads(text).get("elastic")
+    except (ValueError, AttributeError):
+        return None
+    return found if isinstance(found, str) else None

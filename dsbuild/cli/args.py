@@ -19,6 +19,7 @@ __all__ = [
     "Commands",
     "add_run_facts",
     "add_target",
+    "node_count",
     "non_negative_int",
     "port_number",
     "positive_int",
@@ -98,3 +99,16 @@ def _int_at_least(least: int, expected: str, most: int = MOST) -> Callable[[str]
 positive_int = _int_at_least(1, "a positive integer")
 non_negative_int = _int_at_least(0, "an integer >= 0")
 port_number = _int_at_least(1, "a TCP port number", most=65535)
+
+
+def node_count(text: str) -> tuple[int, int]:
+    """An argparse ``type`` for ``--nnodes``: ``N`` (that many nodes) or ``MIN:MAX`` (an elastic run, torchrun's
+    spelling); ``(MIN, MAX)``."""
+    low, colon, high = text.partition(":")
+    try:
+        least, most = positive_int(low), positive_int(high if colon else low)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected N or MIN:MAX (positive integers), got {text!r}") from None
+    if least > most:
+        raise argparse.ArgumentTypeError(f"expected MIN <= MAX, got {text!r}")
+    return least, most

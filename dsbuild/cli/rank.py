@@ -51,7 +51,15 @@ def _main(argv: Sequence[str] | None) -> int:
     show_logs()
     try:
         job = load_job(args.job or demo_job_path(), dict(parse_set(text) for text in args.set))
-        run(job, resume=args.resume, resume_from=args.resume_from, terminate_on_nan=not args.no_terminate_on_nan)
+        # Started again by torchrun after a failure (--max-restarts, an elastic run): go on from the newest verified
+        # checkpoint, on whatever number of processes the restart has (another world size: a universal checkpoint).
+        restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
+        run(
+            job,
+            resume=args.resume or restarted,
+            resume_from=None if restarted else args.resume_from,
+            terminate_on_nan=not args.no_terminate_on_nan,
+        )
     except DsbuildError as e:
         from torch.distributed.elastic.multiprocessing.errors import get_error_handler
 
@@ -81,5 +89,17 @@ def ray_worker(config: dict[str, Any]) -> None:
     run_worker(config)
 
 
+def _exit(code: int) -> None:
+    """End this worker with ``code`` once everything is written, without the interpreter's finalization: C++ threads left
+    by gloo or DeepSpeed's ops can abort it there ("terminate called without an active exception", seen once in a
+    2-process run here after its model was saved), which torchrun would report as a failed run."""
+    import atexit
+
+    atexit._run_exitfuncs()  # what Python would run at exit (logging's flush, a W&B run's upload), then no teardown
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit(main())

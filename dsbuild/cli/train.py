@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, OutputDirError, RunStopped
-from .args import Commands, non_negative_int, port_number, positive_int
+from .args import Commands, node_count, non_negative_int, port_number, positive_int
 from .output import error, escape_lines, out, plural, warning
 
 if TYPE_CHECKING:
@@ -57,7 +57,20 @@ def add_train(commands: Commands) -> None:
         help='override a job value, in TOML syntax (training.max_steps=100, launch.device_mapping="0-3")',
     )
     p.add_argument("--nproc-per-node", type=positive_int, metavar="N", help="processes per node (default: the job's)")
-    p.add_argument("--nnodes", type=positive_int, metavar="N", help="nodes (default: the Slurm job's, else the job's)")
+    p.add_argument(
+        "--nnodes",
+        type=node_count,
+        metavar="N|MIN:MAX",
+        help="nodes (default: the Slurm job's, else the job's); MIN:MAX: an elastic run, whose nodes meet at "
+        '--master-addr:--master-port and which goes on with as few as MIN (docs/jobs.md, "Elastic runs")',
+    )
+    p.add_argument(
+        "--max-restarts",
+        type=non_negative_int,
+        metavar="N",
+        help="torchrun's: start the workers again up to N times after a failure, each time resuming from the newest "
+        "verified checkpoint (default 0; 3 with --nnodes MIN:MAX)",
+    )
     p.add_argument(
         "--node-rank", type=non_negative_int, metavar="R", help="this node's rank, with --nnodes (Slurm: SLURM_NODEID)"
     )
@@ -122,6 +135,8 @@ def _train(args: argparse.Namespace) -> int:
     path = Path(args.job) if args.job is not None else demo_job_path()
     job = load_job(path, job_sets(args.set))
     backend = args.backend or job.launch.backend
+    min_nodes, most_nodes = args.nnodes if args.nnodes is not None else (None, None)
+    elastic = min_nodes is not None and min_nodes != most_nodes
     if backend == "ray":
         require("dsbuild train --backend ray", "ray", extra="ray")
         if args.resume_from is not None:
@@ -140,23 +155,44 @@ def _train(args: argparse.Namespace) -> int:
         if placed:
             error(f"{', '.join(placed)}: not with the Ray backend, which places the workers on the cluster itself")
             return 2
+        if elastic or args.max_restarts is not None:
+            error(
+                f"{'--nnodes MIN:MAX' if elastic else '--max-restarts'}: not with the Ray backend, which restarts its "
+                "workers itself (launch.max_failures, docs/ray.md)"
+            )
+            return 2
     elif args.ray_address is not None:
         error('--ray-address: only with --backend ray (or launch.backend = "ray" in the job)')
         return 2
     nproc = args.nproc_per_node or job.launch.nproc_per_node
+    if elastic:
+        refused = _elastic_refusals(args, job)
+        if refused:
+            error(f"--nnodes {min_nodes}:{most_nodes}: {refused}")
+            return 2
     if backend == "ray":
-        nodes = launch.Nodes(nproc, args.nnodes or job.launch.nnodes)
+        nodes = launch.Nodes(nproc, most_nodes or job.launch.nnodes)
     else:
         # Flags first, then the Slurm job this runs in, then the job file (docs/jobs.md, "Slurm").
         nodes = launch.nodes(
             nproc,
             os.environ,
-            nnodes=args.nnodes,
-            node_rank=args.node_rank,
+            nnodes=most_nodes,
+            node_rank=0 if elastic else args.node_rank,  # elastic: the rendezvous numbers the nodes
             master_addr=args.master_addr,
             master_port=args.master_port,
             job_nnodes=job.launch.nnodes,
         )
+        restarts = args.max_restarts if args.max_restarts is not None else (3 if elastic else 0)
+        nodes = attrs.evolve(nodes, max_restarts=restarts)
+        if elastic:
+            nodes = attrs.evolve(
+                nodes,
+                min_nodes=min_nodes,
+                run_id=_run_id(job.output_dir),
+                origin=f"elastic: {min_nodes} to {most_nodes} nodes, rendezvous at {nodes.master_addr}:"
+                f"{nodes.master_port or launch.DEFAULT_MASTER_PORT}, up to {restarts} restart(s)",
+            )
     nnodes, node_rank = nodes.nnodes, nodes.node_rank
     for text in nodes.warnings:
         warning(text)
@@ -195,16 +231,19 @@ def _train(args: argparse.Namespace) -> int:
         from .. import ray_train
 
         ray_train.refuse_earlier_run(job)  # before anything is written (the default storage is guarded below)
-    if node_rank == 0:
+    owner = node_rank == 0 or elastic  # elastic: every node's launcher (none is node 0 for sure)
+    if owner:
         try:
             job.output_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             why = "it is a file, not a folder" if job.output_dir.is_file() else e.strerror or str(e)
             error(f"{path}: training.output_dir: cannot use {str(job.output_dir)!r}: {why}")
             return 2
-    # Node 0 owns the output folder: it holds the lock for the whole run and guards an earlier run's files.
-    with output_dir.lock(job.output_dir) if node_rank == 0 else contextlib.nullcontext():
-        if node_rank == 0:
+    # Node 0 owns the output folder: it holds the lock for the whole run and guards an earlier run's files. In an
+    # elastic run every node's launcher shares the lock, and the first guards the folder.
+    holding = output_dir.lock(job.output_dir, elastic=nodes.run_id if elastic else None)
+    with holding if owner else contextlib.nullcontext(enter_result=False) as first:
+        if first:
             _guard(job.output_dir, resume=resume, overwrite=args.overwrite)
         env = launch.device_env(job, node_rank, nnodes)
         if nodes.origin:
@@ -247,16 +286,40 @@ def _train(args: argparse.Namespace) -> int:
             run_args += ["--no-terminate-on-nan"] if args.no_terminate_on_nan else []
             code, report = launch.torchrun(job, path, nodes, run_args, env)
             _report(code, report)
-            if code == RunStopped.EXIT_CODE and args.requeue and node_rank == 0:
+            if code == RunStopped.EXIT_CODE and args.requeue and first:
                 _requeue()
             if code != 0:
                 return code
-    if node_rank == 0:
+    if owner:
         for line in run.summary_lines(job):
             out(line)
     else:
         out(f"node {node_rank}: done; node 0 has the outputs in {job.output_dir}")
     return 0
+
+
+def _elastic_refusals(args: argparse.Namespace, job: Any) -> str | None:
+    """Why an elastic run (``--nnodes MIN:MAX``) cannot run as asked, or ``None``."""
+    checkpoint = job.config.checkpoint
+    if args.node_rank is not None:
+        return "the rendezvous numbers the nodes: leave out --node-rank"
+    if args.master_addr is None:
+        return "give --master-addr (and --master-port): the host of the rendezvous, on a node that stays up"
+    if job.launch.device_mapping is not None:
+        return "launch.device_mapping names devices by node rank, which the rendezvous gives: use --nproc-per-node"
+    if job.training.save_on_each_node or (checkpoint is not None and checkpoint.use_node_local_storage is True):
+        return (
+            "training.save_on_each_node: a restart resumes on whichever nodes are left, so the checkpoints must be on "
+            "a filesystem every node shares"
+        )
+    return None
+
+
+def _run_id(folder: Path) -> str:
+    """An elastic run's rendezvous id: the same on every node of one run (its output folder), another for another."""
+    import hashlib
+
+    return "dsbuild-" + hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:12]
 
 
 def _report(code: int, lines: list[str]) -> None:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from .. import manifest
 from ..errors import NonFiniteLossError, RunStopped, SessionError
@@ -141,7 +142,7 @@ def fit(
                     window = [window[0] + out.loss, window[1] + samples, window[2] + tokens]
                 # One collective per step sums the step's numbers and whether any process was signalled.
                 loss_sum, samples_sum, tokens_sum, signalled = distributed.all_sum(
-                    [*window, float(stop.received is not None)], engine.device
+                    [*window, float(stop.check() is not None)], engine.device
                 )
                 # The HF Trainer's logged loss: the token-weighted step loss, or the mean of the micro-batch means.
                 shares = 1 if num_items is not None and average else session.world_size
@@ -205,6 +206,10 @@ def fit(
     return records
 
 
+LAUNCHER_LOST: Final = "LAUNCHER_LOST"
+"""What ``_StopSignals.check`` gives when the process that started this one (torchrun's agent) is gone."""
+
+
 class _StopSignals:
     """SIGTERM and SIGUSR1 noted while ``fit`` runs (in the main thread), for the loop to act on at the next step;
     the handlers in place before are put back when it ends."""
@@ -218,8 +223,18 @@ class _StopSignals:
             for number in self.SIGNALS:
                 self.before[number] = signal.signal(number, self._note)
 
+        # Under torchrun, its agent: a worker whose agent is gone (killed, its node lost) is an orphan that would train
+        # on unseen; it stops at the next step as if signalled (the others save with it, and a restart resumes).
+        self.launcher = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None
+
     def _note(self, number: int, frame: Any) -> None:
         self.received = signal.Signals(number).name
+
+    def check(self) -> str | None:
+        """What stops the run at this step: a signal's name, ``LAUNCHER_LOST``, or ``None``."""
+        if self.received is None and self.launcher is not None and os.getppid() != self.launcher:
+            self.received = LAUNCHER_LOST
+        return self.received
 
     def restore(self) -> None:
         for number, handler in self.before.items():
@@ -228,7 +243,10 @@ class _StopSignals:
 
 def _stopped(session: Trainable, received: str | None, step: int) -> RunStopped:
     """The agreed stop: every process saves the checkpoint of ``step`` (verified, with its manifest), then stops."""
-    why = f"{received} to this process" if received else "a signal to another process"
+    if received == LAUNCHER_LOST:
+        why = "the end of this process's launcher (torchrun's agent)"
+    else:
+        why = f"{received} to this process" if received else "a signal to another process"
     if session.output_dir is None:
         return RunStopped(f"stopped at step {step} by {why}: no output directory, so no checkpoint was saved", None)
     tag = f"global_step{step}"

@@ -237,6 +237,22 @@ def test_train_usage_errors(capsys: pytest.CaptureFixture[str], job: Path) -> No
     assert code == 2 and "--master-port: expected a TCP port number up to 65535, got '99999'" in err
 
 
+def test_an_elastic_run_needs_a_rendezvous_and_no_node_rank(capsys: pytest.CaptureFixture[str], job: Path) -> None:
+    """--nnodes MIN:MAX: the rendezvous host must be given, the node rank must not; nonsense counts are usage errors,
+    and Ray's backend (which restarts its own workers) refuses it."""
+    code, _, err = run(capsys, "train", str(job), "--nnodes", "1:2")
+    assert code == 2 and "--nnodes 1:2: give --master-addr (and --master-port)" in err
+    code, _, err = run(capsys, "train", str(job), "--nnodes", "1:2", "--master-addr", "h", "--node-rank", "1")
+    assert code == 2 and "--nnodes 1:2: the rendezvous numbers the nodes: leave out --node-rank" in err
+    for text in ("2:1", "0:2", "1:x", "1:2:3"):
+        code, _, err = run(capsys, "train", str(job), "--nnodes", text)
+        assert code == 2 and "--nnodes" in err and "expected" in err, (text, err)
+    code, _, err = run(
+        capsys, "train", str(job), "--nnodes", "1:2", "--master-addr", "h", "--set", "training.save_on_each_node=true"
+    )
+    assert code == 2 and "training.save_on_each_node: a restart resumes on whichever nodes are left" in err
+
+
 def test_train_usage_errors_in_a_slurm_job(
     capsys: pytest.CaptureFixture[str], job: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

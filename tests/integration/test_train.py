@@ -4,8 +4,10 @@ from their configs."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -215,8 +217,9 @@ def test_a_failing_rank_fails_the_command_and_shows_its_error(tmp_path: Path) ->
     assert not (tmp_path / "fail" / "model").exists()
 
 
-def _rank_pid(local_rank: int) -> int | None:
-    """The pid of this machine's ``dsbuild.cli.rank`` process of ``local_rank``, if there is one."""
+def _rank_pid(local_rank: int, under: int) -> int | None:
+    """The pid of the ``dsbuild.cli.rank`` process of ``local_rank`` that descends from process ``under`` (not one
+    of another run on this machine), if there is one."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -226,28 +229,58 @@ def _rank_pid(local_rank: int) -> int | None:
         except OSError:
             continue
         if b"dsbuild.cli.rank" in command and f"LOCAL_RANK={local_rank}".encode() in environ:
-            return int(entry.name)
+            if under in _ancestors(int(entry.name)):
+                return int(entry.name)
     return None
+
+
+def _ancestors(pid: int) -> list[int]:
+    found = []
+    while pid > 1:
+        try:
+            pid = int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+        found.append(pid)
+    return found
+
+
+def _two_ranks_past_step_3(tmp_path: Path, **values: object) -> tuple[subprocess.Popen[str], int, Path]:
+    """``dsbuild train`` of 2 processes (a checkpoint every 2 steps, ``values`` set), once step 3 is in its history:
+    the running launcher, its local rank 1's pid, and the output folder."""
+    out = tmp_path / "out"
+    argv = sets(max_steps=200, save_steps=2, logging_steps=1, output_dir=str(out), **values)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "dsbuild", "train", "--nproc-per-node", "2", *argv], cwd=tmp_path, env=fresh_env(),
+        text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    _wait_for_step(out, child, 3)
+    pid = _rank_pid(1, under=child.pid)
+    assert pid is not None and child.poll() is None
+    return child, pid, out
+
+
+def _wait_for_step(out: Path, child: subprocess.Popen[str], step: int) -> None:
+    """Until the run in ``out`` has logged ``step`` (or ``child`` ended, or 10 minutes passed)."""
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and child.poll() is None:
+        history = out / "history.jsonl"
+        if history.is_file() and len(train_records(read_history(history))) >= step:
+            return
+        time.sleep(0.2)
+
+
+def _last_checkpoint_verifies(out: Path) -> None:
+    last = manifest.last_complete(out / "checkpoints")
+    assert last is not None
+    manifest.verify(out / "checkpoints" / last)
 
 
 @pytest.mark.slow
 def test_a_rank_killed_mid_run_ends_the_run_promptly_and_is_named(tmp_path: Path) -> None:
     """A worker SIGKILLed after step 3 of a 2-process run: dsbuild train exits non-zero within 60 s, names the
     lost rank first (not the survivor, which failed waiting for it), and the last complete checkpoint verifies."""
-    out = tmp_path / "out"
-    argv = ["train", "--nproc-per-node", "2", *sets(max_steps=200, save_steps=2, logging_steps=1, output_dir=str(out))]
-    child = subprocess.Popen(
-        [sys.executable, "-m", "dsbuild", *argv], cwd=tmp_path, env=fresh_env(), text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and child.poll() is None:
-        history = out / "history.jsonl"
-        if history.is_file() and len(train_records(read_history(history))) >= 3:
-            break
-        time.sleep(0.2)
-    pid = _rank_pid(1)
-    assert pid is not None and child.poll() is None
+    child, pid, out = _two_ranks_past_step_3(tmp_path)
     os.kill(pid, signal.SIGKILL)
     killed = time.monotonic()
     _, stderr = child.communicate(timeout=300)
@@ -255,9 +288,27 @@ def test_a_rank_killed_mid_run_ends_the_run_promptly_and_is_named(tmp_path: Path
     assert child.returncode not in (0, None), stderr[-3000:]
     errors = [line for line in stderr.splitlines() if line.startswith("dsbuild: error: local rank")]
     assert errors and errors[0].startswith("dsbuild: error: local rank 1 was lost"), stderr[-3000:]
-    last = manifest.last_complete(out / "checkpoints")
-    assert last is not None
-    manifest.verify(out / "checkpoints" / last)
+    _last_checkpoint_verifies(out)
+
+
+@pytest.mark.slow
+def test_a_frozen_rank_ends_the_run_within_the_collective_timeout(tmp_path: Path) -> None:
+    """A worker SIGSTOPped after step 3 with ddp_timeout = 60: the other rank's collective times out, torchrun kills
+    the frozen one, and dsbuild train exits non-zero within 4 minutes naming a rank; the last checkpoint verifies."""
+    child, pid, out = _two_ranks_past_step_3(tmp_path, ddp_timeout=60)
+    os.kill(pid, signal.SIGSTOP)
+    frozen = time.monotonic()
+    try:
+        _, stderr = child.communicate(timeout=400)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    waited = time.monotonic() - frozen
+    print(f"a frozen rank ended the run after {waited:.0f} s")  # shown with -s; the figure in the closing note
+    assert waited < 240, stderr[-3000:]
+    assert child.returncode not in (0, None), stderr[-3000:]
+    assert any(line.startswith("dsbuild: error: local rank") for line in stderr.splitlines()), stderr[-3000:]
+    _last_checkpoint_verifies(out)
 
 
 def _two_nodes_apart(cwd: Path, argv: list[str], outs: tuple[Path, Path]) -> list[tuple[int, str]]:
@@ -316,3 +367,49 @@ def test_two_nodes_without_a_shared_disk(tmp_path: Path) -> None:
     assert sorted(got) == sorted(want) == [1, 2, 3, 4, 5, 6]
     for step, loss in want.items():
         assert abs(float(got[step]) - float(loss)) <= 1e-6 * abs(float(loss)), (step, got[step], loss)  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_an_elastic_run_goes_on_with_the_nodes_that_are_left(tmp_path: Path) -> None:
+    """Two nodes' launchers of one elastic run (--nnodes 1:2) on this machine; after step 3 the second node's launcher
+    and torchrun agent are SIGKILLed. Its worker, left without a launcher, stops at the next step, where every worker
+    saves; the first node's agent restarts its worker at world size 1, which resumes from that checkpoint through a
+    universal checkpoint and finishes: exit 0, no worker left behind."""
+    from dsbuild.session.distributed import free_port
+
+    out = tmp_path / "out"
+    argv = [
+        "train", "--nnodes", "1:2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
+        "--master-port", str(free_port()), "--max-restarts", "2",
+        *sets(max_steps=10, save_steps=20, logging_steps=1, bf16=False, ddp_timeout=60, output_dir=str(out)),
+    ]  # fmt: skip
+
+    def launch_node(name: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "dsbuild", *argv], cwd=tmp_path, env=fresh_env(), text=True,
+            stdout=open(tmp_path / f"{name}.out", "w"), stderr=open(tmp_path / f"{name}.err", "w"),
+            start_new_session=True,
+        )  # fmt: skip
+
+    first = launch_node("first")
+    time.sleep(2)  # the first node hosts the rendezvous
+    second = launch_node("second")
+    try:
+        _wait_for_step(out, first, 3)
+        orphan = _rank_pid(0, under=second.pid)
+        assert orphan is not None and first.poll() is None and second.poll() is None
+        os.killpg(second.pid, signal.SIGKILL)  # the second node's launcher and agent: its worker is left alone
+        first.wait(timeout=600)
+    finally:
+        for p in (first, second):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+    said = (tmp_path / "first.err").read_text()
+    assert first.returncode == 0, said[-4000:]
+    stops = [int(m) for m in re.findall(r"stopped at step (\d+) by", said)]
+    assert stops, said[-4000:]
+    assert f"global_step{stops[0]} was saved by 2 process(es)" in said and "universal checkpoint" in said
+    assert [h["step"] for h in train_records(read_history(out / "history.jsonl"))] == list(range(1, 11))
+    assert manifest.verify(out / "checkpoints" / "global_step10")["run"]["world_size"] == 1
+    time.sleep(1)
+    assert not Path(f"/proc/{orphan}").exists() or "dsbuild.cli.rank" not in Path(f"/proc/{orphan}/cmdline").read_text()

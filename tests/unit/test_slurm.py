@@ -3,7 +3,9 @@ environment it is given, and where ``dsbuild train`` takes each node value from 
 
 from __future__ import annotations
 
+import argparse
 import time
+from pathlib import Path
 
 import pytest
 
@@ -303,3 +305,47 @@ def test_torchruns_log_lines_name_the_node_and_the_global_rank() -> None:
     assert Template(template).safe_substitute(rank=3, local_rank=1, role_name="default") == "[node1 rank3]:"
     mine = {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[${rank}]:"}
     assert launch.torchrun_env(launch.Nodes(2), mine)["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] == "[${rank}]:"
+
+
+def test_an_elastic_run_meets_at_a_c10d_rendezvous_and_restarts() -> None:
+    """--nnodes 1:2: torchrun's elastic flags (MIN:MAX, c10d rendezvous at the master address, the run's id, its
+    restarts) and no node rank; a rank's lines name the global rank only; a fixed run without restarts has none."""
+    elastic = Nodes(2, 2, 0, "10.0.0.1", 29400, min_nodes=1, max_restarts=3, run_id="dsbuild-abc")
+    command = launch.torchrun_command(Path("job.toml"), elastic, Path("logs"), [])
+    text = " ".join(command)
+    assert "--nnodes 1:2 --rdzv-backend c10d --rdzv-endpoint 10.0.0.1:29400 --rdzv-id dsbuild-abc" in text
+    assert "--max-restarts 3" in text and "--node-rank" not in text and "--master-addr" not in text
+    from string import Template
+
+    template = launch.torchrun_env(elastic, {})["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"]
+    assert Template(template).safe_substitute(rank=1, local_rank=0, role_name="default") == "[rank1]:"
+    fixed = launch.torchrun_command(Path("job.toml"), Nodes(2, 2, 1, "10.0.0.1"), Path("logs"), [])
+    assert "--max-restarts" not in fixed and "--node-rank" in fixed
+
+
+def test_node_counts_are_n_or_min_max() -> None:
+    from dsbuild.cli.args import node_count
+
+    assert node_count("4") == (4, 4) and node_count("1:4") == (1, 4) and node_count("2:2") == (2, 2)
+    for text in ("0", "3:2", "1:", ":2", "a:b", "1:2:3"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            node_count(text)
+
+
+def test_the_launchers_of_one_elastic_run_share_the_folders_lock(tmp_path: Path) -> None:
+    """Every node's launcher of an elastic run takes the output folder's lock: the first takes it, the others of the
+    same run (rendezvous id) join, another run (elastic or not) is kept out; the last one out clears it."""
+    from dsbuild.errors import OutputDirError
+    from dsbuild.output_dir import LOCK, lock
+
+    with lock(tmp_path, elastic="run-a") as first:
+        assert first
+        with lock(tmp_path, elastic="run-a") as second:
+            assert not second
+            for other in (None, "run-b"):
+                with pytest.raises(OutputDirError, match="is in use by process"), lock(tmp_path, elastic=other):
+                    pass
+        assert '"elastic": "run-a"' in (tmp_path / LOCK).read_text()
+    assert (tmp_path / LOCK).read_text() == ""
+    with lock(tmp_path) as alone:  # a fixed run: the only one
+        assert alone
