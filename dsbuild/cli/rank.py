@@ -18,6 +18,7 @@ from ..errors import ConfigError, DsbuildError, NonFiniteLossError, RunStopped
 from ..job import demo_job_path, load_job
 from ..overrides import parse_set
 from ..run import run
+from ..session.loop import LAUNCHER_PID
 from .output import error, escape, show_logs
 
 __all__ = ["main"]
@@ -46,6 +47,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
+    # torchrun's agent, noted before anything slow (tokenizing, a conversion): a worker whose agent is gone stops
+    # at its next step (dsbuild.session.loop), also when the agent died while this one was starting.
+    os.environ.setdefault(LAUNCHER_PID, str(os.getppid()))
     args = _parser().parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
     show_logs()
@@ -94,8 +98,14 @@ def _exit(code: int) -> None:
     by gloo or DeepSpeed's ops can abort it there ("terminate called without an active exception", seen once in a
     2-process run here after its model was saved), which torchrun would report as a failed run."""
     import atexit
+    import threading
 
-    atexit._run_exitfuncs()  # what Python would run at exit (logging's flush, a W&B run's upload), then no teardown
+    # What Python does at exit before finalizing, in its order: wait for the threads that are not daemons (a writer
+    # finishing a file), then the exit handlers (logging's flush, a W&B run's upload).
+    shutdown = getattr(threading, "_shutdown", None)
+    if callable(shutdown):
+        shutdown()
+    atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

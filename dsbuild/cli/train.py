@@ -189,7 +189,9 @@ def _train(args: argparse.Namespace) -> int:
             nodes = attrs.evolve(
                 nodes,
                 min_nodes=min_nodes,
-                run_id=_run_id(job.output_dir),
+                run_id=_run_id(
+                    job.output_dir, f"{nodes.master_addr}:{nodes.master_port or launch.DEFAULT_MASTER_PORT}"
+                ),
                 origin=f"elastic: {min_nodes} to {most_nodes} nodes, rendezvous at {nodes.master_addr}:"
                 f"{nodes.master_port or launch.DEFAULT_MASTER_PORT}, up to {restarts} restart(s)",
             )
@@ -281,7 +283,9 @@ def _train(args: argparse.Namespace) -> int:
                 raise
         else:
             run_args = [f"--set={text}" for text in args.set]
-            run_args += ["--resume"] if args.resume else []
+            # An elastic run's workers start again whenever a node leaves or joins (torchrun counts only failures as
+            # restarts): every start resumes, from step 0 when there is no checkpoint yet (the folder was guarded).
+            run_args += ["--resume"] if args.resume or nodes.elastic else []
             run_args += [f"--resume-from={args.resume_from}"] if args.resume_from else []
             run_args += ["--no-terminate-on-nan"] if args.no_terminate_on_nan else []
             code, report = launch.torchrun(job, path, nodes, run_args, env)
@@ -305,6 +309,8 @@ def _elastic_refusals(args: argparse.Namespace, job: Any) -> str | None:
         return "the rendezvous numbers the nodes: leave out --node-rank"
     if args.master_addr is None:
         return "give --master-addr (and --master-port): the host of the rendezvous, on a node that stays up"
+    if args.resume_from is not None:
+        return "--resume-from: not with an elastic run, whose every start resumes from the newest verified checkpoint"
     if job.launch.device_mapping is not None:
         return "launch.device_mapping names devices by node rank, which the rendezvous gives: use --nproc-per-node"
     if job.training.save_on_each_node or (checkpoint is not None and checkpoint.use_node_local_storage is True):
@@ -315,11 +321,12 @@ def _elastic_refusals(args: argparse.Namespace, job: Any) -> str | None:
     return None
 
 
-def _run_id(folder: Path) -> str:
-    """An elastic run's rendezvous id: the same on every node of one run (its output folder), another for another."""
+def _run_id(folder: Path, endpoint: str) -> str:
+    """An elastic run's rendezvous id: the same on every node of one run (its output folder and rendezvous), another
+    for another (a second elastic run on the folder is kept out by the lock, not joined)."""
     import hashlib
 
-    return "dsbuild-" + hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:12]
+    return "dsbuild-" + hashlib.sha256(f"{folder.resolve()}\n{endpoint}".encode()).hexdigest()[:12]
 
 
 def _report(code: int, lines: list[str]) -> None:

@@ -162,15 +162,32 @@ def _load_universal(
     """Collective: load checkpoint ``tag_dir``, saved at another world size, through its universal form (made by rank
     0); this process's carried-over position. ``CheckpointError`` (damaged) is agreed by every process."""
     then = found.get("run", {})
+    shape = {key: then.get(key) for key in ("world_size", "micro_batch", "gradient_accumulation")}
+    odd = [key for key, value in shape.items() if not (isinstance(value, int) and 0 < value < 2**31)]
+    if odd:  # a manifest is untrusted input: what is not a count says so, on every process alike
+        raise CheckpointError(f"{tag_dir / manifest.MANIFEST}: run.{odd[0]} is not a positive integer")
     ranks = found.get("ranks")
-    partial = isinstance(ranks, dict) and set(ranks) != {str(r) for r in range(then["world_size"])}
+    partial = isinstance(ranks, dict) and set(ranks) != {str(r) for r in range(shape["world_size"])}
     if engine.use_node_local_storage() or partial:
         raise SessionError(
-            f"{tag_dir}: saved by {then['world_size']} processes with node-local checkpoints (this folder holds only "
+            f"{tag_dir}: saved by {shape['world_size']} processes with node-local checkpoints (this folder holds only "
             f"some ranks' files); resuming with {facts.world_size} needs every rank's files: copy each node's "
             f"{tag_dir.name} folder into one shared folder, and resume from there without save_on_each_node"
         )
     problem: str | None = None
+    saved: dict[str, Any] = {}
+    own = None
+    try:  # what every process reads itself: a problem one finds is every process's (none enters the load alone)
+        saved = manifest.read_rank_state(tag_dir, 0, found)
+        if distributed.rank() < shape["world_size"]:
+            own = manifest.read_rank_state(tag_dir, distributed.rank(), found)
+    except CheckpointError as e:
+        problem = str(e)
+    agreed = agree(problem)
+    if agreed:
+        raise CheckpointError(agreed)
+    # Before converting: a position this run cannot continue from exactly makes an older checkpoint the one to try.
+    position = universal.carried_position(saved, own, then, facts)  # the same verdict on every process
     refused: str | None = None
     if distributed.rank() == 0:
         try:
@@ -186,14 +203,14 @@ def _load_universal(
     if agreed:
         raise CheckpointError(agreed)
     folder = tag_dir / universal.FOLDER
-    converted = manifest.verify(folder, hashes=False)  # the contents as they are read
-    saved = manifest.read_rank_state(tag_dir, 0, found)
-    own = (
-        manifest.read_rank_state(tag_dir, distributed.rank(), found)
-        if distributed.rank() < then["world_size"]
-        else None
-    )
-    position = universal.carried_position(saved, own, then, facts)
+    converted: dict[str, Any] = {}
+    try:
+        converted = manifest.verify(folder, hashes=False)  # the contents as they are read
+    except CheckpointError as e:
+        problem = str(e)
+    agreed = agree(problem)
+    if agreed:
+        raise CheckpointError(agreed)
     writer.expected, writer.verified = manifest.expected_files(folder, converted), set()
     problem = refused = None
     try:

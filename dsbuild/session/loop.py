@@ -206,6 +206,8 @@ def fit(
     return records
 
 
+LAUNCHER_PID: Final = "DSBUILD_LAUNCHER_PID"
+"""The environment variable where a torchrun worker notes its agent's pid when it starts (``dsbuild.cli.rank``)."""
 LAUNCHER_LOST: Final = "LAUNCHER_LOST"
 """What ``_StopSignals.check`` gives when the process that started this one (torchrun's agent) is gone."""
 
@@ -225,7 +227,9 @@ class _StopSignals:
 
         # Under torchrun, its agent: a worker whose agent is gone (killed, its node lost) is an orphan that would train
         # on unseen; it stops at the next step as if signalled (the others save with it, and a restart resumes).
-        self.launcher = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None
+        noted = os.environ.get(LAUNCHER_PID, "")
+        under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ
+        self.launcher = (int(noted) if noted.isdigit() else os.getppid()) if under_torchrun else None
 
     def _note(self, number: int, frame: Any) -> None:
         self.received = signal.Signals(number).name

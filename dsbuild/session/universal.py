@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -47,8 +46,26 @@ def convert(tag_dir: Path, found: Mapping[str, Any]) -> Path:
             return target
         except CheckpointError:
             shutil.rmtree(target, ignore_errors=True)  # a conversion cut short, or damaged since: made again
-    work = tag_dir / f".{FOLDER}-{os.getpid()}"
+    work = tag_dir / f".{FOLDER}-partial"  # one name: a conversion cut short is replaced, not left beside
     shutil.rmtree(work, ignore_errors=True)
+    try:
+        _convert_into(work, tag_dir, found)
+        work.rename(target)
+    except CheckpointError:
+        raise
+    except Exception as e:  # DeepSpeed's converter fails in many ways (an assertion, a full disk, an odd file)
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise SessionError(
+            f"{tag_dir}: DeepSpeed's ds_to_universal could not convert it for another world size: {reason}; resume "
+            "with the processes that saved it"
+        ) from None
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # whatever did not become ``target``
+        (tag_dir / "latest_universal").unlink(missing_ok=True)  # ds_to_universal writes it beside its output
+    return target
+
+
+def _convert_into(work: Path, tag_dir: Path, found: Mapping[str, Any]) -> None:
     from deepspeed.checkpoint import ds_to_universal
 
     args = argparse.Namespace(
@@ -63,22 +80,23 @@ def convert(tag_dir: Path, found: Mapping[str, Any]) -> Path:
     checker = weights_only.VerifyingCheckpointEngine(None)
     checker.expected = manifest.expected_files(tag_dir, found)  # every source file checked as it is read
     checker.scratch = str(work.resolve())  # and its own intermediate files read back weights-only
-    said = io.StringIO()
-    try:
-        with weights_only.routed(checker), contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
-            ds_to_universal.main(args)
-    except CheckpointError:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-    except (AssertionError, ValueError, KeyError, RuntimeError, OSError, NotImplementedError) as e:
-        shutil.rmtree(work, ignore_errors=True)
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise SessionError(
-            f"{tag_dir}: DeepSpeed's ds_to_universal could not convert it for another world size: {reason}; resume "
-            "with the processes that saved it"
-        ) from None
-    finally:
-        (tag_dir / "latest_universal").unlink(missing_ok=True)  # ds_to_universal writes it beside its output
+    with (
+        weights_only.routed(checker),
+        contextlib.redirect_stdout(io.StringIO()),
+        contextlib.redirect_stderr(io.StringIO()),
+    ):
+        ds_to_universal.main(args)
+    # The converter copies some of the checkpoint's files as they are: each must be the one the manifest lists, or it
+    # would enter the universal manifest unchecked.
+    for path in sorted(work.iterdir()):
+        source = tag_dir / path.name
+        if path.is_file() and source.is_file():
+            entry = found["files"].get(path.name)
+            if not isinstance(entry, dict):
+                raise CheckpointError(f"{source}: not in the checkpoint's manifest, so it is not converted")
+            algorithm, digest = manifest.entry_digest(entry)
+            if manifest.file_digest(path, algorithm) != digest:
+                raise CheckpointError(f"{source}: its contents differ from the manifest's {algorithm} digest")
     facts = manifest.RunFacts(**{k: v for k, v in found.get("run", {}).items() if k in _FACTS})
     manifest.write_manifest(
         work,
@@ -88,8 +106,6 @@ def convert(tag_dir: Path, found: Mapping[str, Any]) -> Path:
         facts=facts,
         shares={},  # no rank wrote here: every file is listed as this process hashes it
     )
-    work.rename(target)
-    return target
 
 
 _FACTS: Final = {a.name for a in attrs.fields(manifest.RunFacts)}
@@ -115,16 +131,20 @@ def carried_position(
     """This process's position in a run that resumes at another world size or batch split: the saved run's place in
     its data (``saved``: rank 0's state) as a count of samples, in this run's micro-batches; this process's RNG states
     when the saved run had a process of its rank (``own``), else none (the seeded ones stay)."""
-    per_then = int(then.get("micro_batch") or 1) * int(then.get("world_size") or 1)
+    per_then = int(then["micro_batch"]) * int(then["world_size"])  # checked positive integers (checkpoints.py)
     per_now = now.micro_batch * now.world_size
-    samples = int(saved.get("batch_in_epoch", 0)) * per_then
-    if samples % per_now:
-        raise SessionError(
+    counts = {key: saved.get(key, 0) for key in ("global_step", "batch_in_epoch", "epoch")}
+    odd = [key for key, value in counts.items() if not (isinstance(value, int) and 0 <= value < 2**62)]
+    if odd:
+        raise CheckpointError(f"rank 0's saved state: {odd[0]} is not a count ({counts[odd[0]]!r})")
+    samples = counts["batch_in_epoch"] * per_then
+    if samples % per_now:  # an older checkpoint may be at a position that divides
+        raise CheckpointError(
             f"the checkpoint is {samples} samples into epoch {saved.get('epoch', 0)}, not a whole number of this run's "
             f"micro-batches ({now.micro_batch} samples x {now.world_size} processes): choose a "
             "per_device_train_batch_size and process count whose product divides it"
         )
-    step = int(saved["global_step"])
+    step = counts["global_step"]
     return {
         **saved,
         "batch_in_epoch": samples // per_now,

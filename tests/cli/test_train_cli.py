@@ -244,6 +244,10 @@ def test_an_elastic_run_needs_a_rendezvous_and_no_node_rank(capsys: pytest.Captu
     assert code == 2 and "--nnodes 1:2: give --master-addr (and --master-port)" in err
     code, _, err = run(capsys, "train", str(job), "--nnodes", "1:2", "--master-addr", "h", "--node-rank", "1")
     assert code == 2 and "--nnodes 1:2: the rendezvous numbers the nodes: leave out --node-rank" in err
+    code, _, err = run(
+        capsys, "train", str(job), "--nnodes", "1:2", "--master-addr", "h", "--resume-from", "global_step2"
+    )
+    assert code == 2 and "--resume-from: not with an elastic run" in err
     for text in ("2:1", "0:2", "1:x", "1:2:3"):
         code, _, err = run(capsys, "train", str(job), "--nnodes", text)
         assert code == 2 and "--nnodes" in err and "expected" in err, (text, err)
