@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import socket
 from collections.abc import Mapping
@@ -15,6 +16,7 @@ __all__ = [
     "all_sum",
     "all_texts",
     "barrier",
+    "close_gloo",
     "ensure_env",
     "init",
     "is_initialized",
@@ -113,7 +115,22 @@ def init(timeout: float | None = None) -> None:
 
         backend = get_accelerator().communication_backend_name()
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=wait)  # type: ignore[attr-defined]
+    fresh = not is_initialized()
     deepspeed.init_distributed(verbose=False, timeout=wait)  # takes the group there is, or makes it
+    if fresh and is_initialized():
+        atexit.register(close_gloo)
+
+
+def close_gloo() -> None:
+    """At exit, while the interpreter is whole: destroy a gloo process group this process made. Left to the
+    interpreter's finalization, gloo's threads can abort the process after all its work is done ("terminate called
+    without an active exception", seen here after a finished run). Only gloo: destroying an NCCL group while another
+    rank may still be in a collective can hang."""
+    try:
+        if is_initialized() and dist.get_backend() == "gloo":
+            dist.destroy_process_group()
+    except (RuntimeError, ValueError):
+        pass  # already being torn down: nothing more to do at exit
 
 
 def barrier() -> None:
