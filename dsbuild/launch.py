@@ -246,7 +246,30 @@ def torchrun(
         return 0, []
     runs = [p for p in log_dir.iterdir() if p.is_dir() and p.name not in before]
     newest = max(runs, key=lambda p: p.stat().st_mtime) if runs else None
+    stopped = _stopped_by_a_signal(newest)
+    if stopped is not None:  # a signal to the workers themselves (Slurm signals every process of a step)
+        return RunStopped.EXIT_CODE, [stopped]
     return code, [f"training failed: torchrun exited with {code}", *failure_report(newest)]
+
+
+def _stopped_by_a_signal(run_dir: Path | None) -> str | None:
+    """What the ranks said when every rank of the newest attempt stopped on a signal (``RunStopped``, each after the
+    agreed save), or ``None`` when any rank failed otherwise."""
+    if run_dir is None:
+        return None
+    attempts = sorted(run_dir.glob("attempt_*"), key=lambda p: p.name)
+    ranks = [p for p in attempts[-1].iterdir() if p.is_dir()] if attempts else []
+    said = []
+    for rank_dir in ranks:
+        try:
+            info = json.loads((rank_dir / "error.json").read_text(encoding="utf-8")).get("message", {})
+            message = str(info.get("message", ""))
+        except (OSError, ValueError, AttributeError):
+            return None
+        if not message.startswith(f"{RunStopped.__name__}: "):
+            return None
+        said.append(message.removeprefix(f"{RunStopped.__name__}: ").strip().splitlines()[0])
+    return said[0] if said else None
 
 
 _FORWARDED: Final = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)

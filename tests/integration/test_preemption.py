@@ -112,3 +112,67 @@ def test_sigterm_to_dsbuild_train_saves_exits_75_and_resumes_exactly(tmp_path: P
     assert [got[s] for s in range(stopped_at + 1, 11)] == pytest.approx(
         [expected[s] for s in range(stopped_at + 1, 11)], rel=1e-5
     )
+
+
+TWO = ["--nproc-per-node", "2", "--set=training.max_steps=10", "--set=training.save_steps=100",
+       "--set=training.logging_steps=1", "--set=training.bf16=false"]  # fmt: skip
+"""The demo job on 2 processes, in fp32 (a resume compared with an uninterrupted run to 1e-5)."""
+
+
+@pytest.fixture(scope="module")
+def two_process_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
+    out = tmp_path_factory.mktemp("two") / "reference"
+    done = subprocess.run(
+        [sys.executable, "-m", "dsbuild", "train", *TWO, f"--set=training.output_dir={json.dumps(str(out))}"],
+        capture_output=True, text=True, env=_env(), timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return _losses(out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("target", "sent"), [("rank 1", signal.SIGUSR1), ("dsbuild train", signal.SIGTERM)])
+def test_a_signal_to_one_rank_or_to_the_launcher_of_two_processes_saves_and_resumes(
+    tmp_path: Path, two_process_reference: dict[int, float], target: str, sent: signal.Signals
+) -> None:
+    """SIGUSR1 to one rank, or SIGTERM to `dsbuild train`, of a 2-process run after step 3: exit 75, a verified
+    checkpoint at the step it stopped, no worker outlives the launcher, a second run on the folder is refused while
+    the first is still stopping, and --resume gives the uninterrupted run's losses."""
+    from test_train import _rank_pid
+
+    out = tmp_path / "run"
+    where = f"--set=training.output_dir={json.dumps(str(out))}"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "dsbuild", "train", *TWO, where],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+    )  # fmt: skip
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and len(_losses(out) if (out / "history.jsonl").exists() else {}) < 3:
+        time.sleep(0.2)
+    workers = [_rank_pid(rank, under=run.pid) for rank in (0, 1)]
+    assert None not in workers and run.poll() is None
+    os.kill(workers[1] if target == "rank 1" else run.pid, sent)  # type: ignore[arg-type]
+    if target == "dsbuild train":  # while it saves and stops, the folder is still its own
+        from dsbuild.errors import OutputDirError
+        from dsbuild.output_dir import lock
+
+        alive = run.poll() is None
+        with pytest.raises(OutputDirError, match="is in use by"), lock(out):
+            pass
+        assert alive  # the refusal above was met while the first run was still stopping
+    _, err = run.communicate(timeout=400)
+    assert run.returncode == RunStopped.EXIT_CODE, err[-3000:]
+    assert not [pid for pid in workers if pid is not None and Path(f"/proc/{pid}").exists()]  # none outlives it
+    stopped_at = max(_losses(out))
+    assert stopped_at < 10 and f"stopped at step {stopped_at}" in err, err[-3000:]
+    assert manifest.verify(out / "checkpoints" / f"global_step{stopped_at}")["global_step"] == stopped_at
+    resumed = subprocess.run(
+        [sys.executable, "-m", "dsbuild", "train", "--resume", *TWO, where],
+        capture_output=True, text=True, env=_env(), timeout=600,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    got = _losses(out)
+    assert sorted(got) == list(range(1, 11))
+    assert [got[s] for s in range(stopped_at + 1, 11)] == pytest.approx(
+        [two_process_reference[s] for s in range(stopped_at + 1, 11)], rel=1e-5
+    )
