@@ -261,11 +261,7 @@ def _stopped_by_a_signal(run_dir: Path | None) -> str | None:
     ranks = [p for p in attempts[-1].iterdir() if p.is_dir()] if attempts else []
     said = []
     for rank_dir in ranks:
-        try:
-            info = json.loads((rank_dir / "error.json").read_text(encoding="utf-8")).get("message", {})
-            message = str(info.get("message", ""))
-        except (OSError, ValueError, AttributeError):
-            return None
+        _, message = _recorded_error(rank_dir)
         if not message.startswith(f"{RunStopped.__name__}: "):
             return None
         said.append(message.removeprefix(f"{RunStopped.__name__}: ").strip().splitlines()[0])
@@ -283,6 +279,15 @@ def _wait(child: subprocess.Popen[bytes]) -> int:
             continue
 
 
+def _recorded_error(rank_dir: Path) -> tuple[str, str]:
+    """(timestamp, message) of the error torchrun's ``record`` wrote for a rank (``error.json``); empty when none."""
+    try:
+        info = json.loads((rank_dir / "error.json").read_text(encoding="utf-8")).get("message", {})
+        return str(info.get("extraInfo", {}).get("timestamp", "")), str(info.get("message", ""))
+    except (OSError, ValueError, AttributeError):
+        return "", ""
+
+
 def failure_report(run_dir: Path | None, tail: int = 15) -> list[str]:
     """The failed ranks of a torchrun run (those that wrote an error file, first failure first) and their last stderr
     lines; a line starting with a space continues the one before it."""
@@ -291,14 +296,9 @@ def failure_report(run_dir: Path | None, tail: int = 15) -> list[str]:
     ranks = sorted((p for p in run_dir.glob("attempt_*/*") if p.is_dir()), key=lambda p: p.name)
     failed: list[tuple[str, Path, str]] = []
     for rank_dir in ranks:
-        error_file = rank_dir / "error.json"
-        if error_file.is_file():
-            try:
-                info = json.loads(error_file.read_text(encoding="utf-8")).get("message", {})
-                stamp = str(info.get("extraInfo", {}).get("timestamp", ""))
-                said = str(info.get("message", "")).strip().splitlines()
-            except (OSError, ValueError, AttributeError):
-                stamp, said = "", []
+        if (rank_dir / "error.json").is_file():
+            stamp, message = _recorded_error(rank_dir)
+            said = message.strip().splitlines()
             failed.append((stamp, rank_dir, said[-1] if said else ""))
     lines = []
     if not failed:  # killed, or died before Python could record anything: show every rank
