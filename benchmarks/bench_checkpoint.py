@@ -28,8 +28,8 @@ def build() -> tuple[Any, Any]:
     from transformers import LlamaConfig
 
     from dsbuild import Config
+    from dsbuild.resolve.training import Training
     from dsbuild.session import Session
-    from dsbuild.training import Training
 
     model_config = LlamaConfig(
         hidden_size=512, intermediate_size=1376, num_hidden_layers=8, num_attention_heads=8,

@@ -19,17 +19,17 @@ from .errors import (
     UnknownKeyError,
     UnresolvedAutoError,
 )
-from .presets import presets  # the function: it shadows the module of the same name
+from .io.presets import presets  # the function: it shadows the module of the same name
 from .version import VERSION
 
 if TYPE_CHECKING:
     from .api import Config
     from .config import AUTO
+    from .io.presets import presets
     from .job import Job, load_job
     from .planner import Plan, plan
-    from .presets import presets
+    from .resolve.training import Training
     from .session import Session, SessionError, StepOutput
-    from .training import Training
     from .validate import Diagnostic
 
 __version__ = VERSION
@@ -68,7 +68,7 @@ _LAZY = {
     "load_job": "job",
     "Plan": "planner",
     "plan": "planner",
-    "Training": "training",
+    "Training": "resolve.training",
     "Diagnostic": "validate",
 }
 """Names imported on first use: the Session needs torch and DeepSpeed, and the rest keeps

@@ -18,8 +18,8 @@ from .config.builder import ConfigBase
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from .explain import Explanation
-    from .training import Training
+    from .resolve.explain import Explanation
+    from .resolve.training import Training
     from .validate import Diagnostic
 
 __all__ = ["Config"]
@@ -41,14 +41,14 @@ class Config(ConfigBase):
 
     def to_dict(self) -> dict[str, Any]:
         """The ds_config dict: DeepSpeed's exact keys, only what is set, ``AUTO`` as ``"auto"``."""
-        from .convert import to_dict
+        from .io.convert import to_dict
 
         return to_dict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, strict: bool = True) -> Config:
         """Read a ds_config dict (aliases and legacy keys too); ``strict=False`` keeps going past unknown keys."""
-        from .convert import from_dict
+        from .io.convert import from_dict
 
         return from_dict(data, strict=strict, cls=cls)
 
@@ -56,41 +56,41 @@ class Config(ConfigBase):
 
     def to_json(self, path: str | Path) -> Path:
         """Write the ds_config as JSON (atomically)."""
-        from .io import write_json
+        from .io.config_files import write_json
 
         return write_json(self, path)
 
     def to_toml(self, path: str | Path) -> Path:
         """Write the ds_config as TOML (atomically)."""
-        from .io import write_toml
+        from .io.config_files import write_toml
 
         return write_toml(self, path)
 
     @classmethod
     def from_json(cls, path: str | Path, *, strict: bool = True) -> Config:
         """Read a JSON ds_config file."""
-        from .io import read_json
+        from .io.config_files import read_json
 
         return read_json(path, strict=strict, cls=cls)
 
     @classmethod
     def from_toml(cls, path: str | Path, *, strict: bool = True) -> Config:
         """Read a TOML config file (``extends`` and ``description`` understood)."""
-        from .io import read_toml
+        from .io.config_files import read_toml
 
         return read_toml(path, strict=strict, cls=cls)
 
     @classmethod
     def load(cls, path: str | Path, *, strict: bool = True) -> Config:
         """Read a config file by its suffix: ``.json``, ``.toml``, ``.yaml``/``.yml``."""
-        from .io import load
+        from .io.config_files import load
 
         return load(path, strict=strict, cls=cls)
 
     @classmethod
     def preset(cls, name: str) -> Config:
         """A packaged preset by name, e.g. ``Config.preset("zero3_offload")``."""
-        from .io import read_preset
+        from .io.config_files import read_preset
 
         return read_preset(name, cls=cls)
 
@@ -125,7 +125,7 @@ class Config(ConfigBase):
         total_steps: int | None = None,
     ) -> Config:
         """Fill every ``AUTO`` as the HF Trainer would, apply the batch triangle, and check for conflicts."""
-        from .resolve import resolve
+        from .resolve.resolution import resolve
 
         return resolve(
             self,
@@ -138,6 +138,6 @@ class Config(ConfigBase):
 
     def explain(self) -> list[Explanation]:
         """Each key's value and where it came from (after ``resolve``)."""
-        from .explain import explain
+        from .resolve.explain import explain
 
         return explain(self)

@@ -13,9 +13,9 @@ import attrs
 from .api import Config
 from .config.fields import key_of
 from .config.optim import Optimizer, optimizer_params_class, scheduler_params_class
-from .hf_table import ACCELERATE_FILLED, FILLS, Fill
-from .resolve import resolve
-from .training import Training
+from .resolve.hf_table import ACCELERATE_FILLED, FILLS, Fill
+from .resolve.resolution import resolve
+from .resolve.training import Training
 
 __all__ = [
     "DEEPSPEED_SCHEDULERS",

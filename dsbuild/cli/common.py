@@ -11,19 +11,19 @@ from typing import Any
 
 import attrs
 
+from .._util.overrides import parse_set, set_dotted
 from ..api import Config
 from ..config.walk import leaves
-from ..deepspeed_verdict import deepspeed_verdict
+from ..env.extras import missing
 from ..errors import ConfigError, DsbuildError
-from ..extras import missing
 from ..interop import for_accelerate, with_deepspeed_scheduler
-from ..io import config_ref, read_dict, read_table, to_config
+from ..io.config_files import config_ref, read_dict, read_table, to_config
 from ..job import Job, looks_like_job, read_job_dict
-from ..model import model_problems
-from ..overrides import parse_set, set_dotted
-from ..resolve import model_hidden_size
-from ..training import Training
+from ..resolve.resolution import model_hidden_size
+from ..resolve.training import Training
+from ..run.model import model_problems
 from ..validate import Diagnostic, validate
+from ..validate.deepspeed_verdict import deepspeed_verdict
 
 __all__ = [
     "as_diagnostics",
@@ -125,7 +125,7 @@ def data_problems(job: Job, *, tokenize: bool) -> list[Diagnostic]:
     if not isinstance(job.data.path, Path):
         return []
     from ..data import check
-    from ..run import preflight
+    from ..run.worker import preflight
 
     try:
         if not tokenize:

@@ -26,7 +26,7 @@ def add_presets(commands: Commands) -> None:
 
 
 def _presets(args: argparse.Namespace) -> int:
-    from ..presets import presets
+    from ..io.presets import presets
 
     found = presets()
     width = max((len(name) for name in found), default=0)
@@ -102,7 +102,7 @@ def add_export(commands: Commands) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from ..atomic import write_atomic
+    from .._util.atomic import write_atomic
     from ..interop import accelerate_config, for_hf, to_yaml, training_arguments, zero_stage
     from ..validate import validate
     from .common import (
@@ -250,7 +250,7 @@ def add_validate(commands: Commands) -> None:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from ..extras import require
+    from ..env.extras import require
     from .common import diagnose
 
     if args.deepspeed:
@@ -317,7 +317,7 @@ def add_explain(commands: Commands) -> None:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from ..explain import explain, render_explanation
+    from ..resolve.explain import explain, render_explanation
     from .common import job_of, no_training_file, resolved, resolved_job
 
     job = job_of(args.config, args.set)
@@ -344,8 +344,8 @@ def add_schema(commands: Commands) -> None:
 
 
 def _schema(args: argparse.Namespace) -> int:
-    from ..atomic import write_atomic
-    from ..schema import json_schema
+    from .._util.atomic import write_atomic
+    from ..io.schema import json_schema
 
     text = json.dumps(json_schema(), indent=2, ensure_ascii=False) + "\n"
     if args.output is None:

@@ -1,6 +1,6 @@
 """One rank of ``dsbuild train``: ``python -m dsbuild.cli.rank JOB [--set KEY=VALUE ...] [--resume]``.
 
-``dsbuild train`` starts it on every rank through torchrun (``dsbuild.launch``) for runs of several
+``dsbuild train`` starts it on every rank through torchrun (``dsbuild.run.launch``) for runs of several
 processes or nodes. Errors in the job are one line each, name the rank, and exit 2; torchrun's
 error summary names the rank too.
 """
@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .._util.overrides import parse_set
 from ..errors import ConfigError, DsbuildError, NonFiniteLossError, RunStopped
 from ..job import demo_job_path, load_job
-from ..overrides import parse_set
-from ..run import run
+from ..run.worker import run
 from ..session.loop import LAUNCHER_PID
 from .output import error, escape, show_logs
 
@@ -85,9 +85,9 @@ def _main(argv: Sequence[str] | None) -> int:
 
 def ray_worker(config: dict[str, Any]) -> None:
     """One rank of ``dsbuild train --backend ray``, on a Ray Train worker: the job's run (``run.run``, as ``main``
-    runs it under torchrun) with Ray's hooks (``dsbuild.ray_train.run_worker``). An error propagates to Ray, which
+    runs it under torchrun) with Ray's hooks (``dsbuild.run.ray_train.run_worker``). An error propagates to Ray, which
     restarts the group (``launch.max_failures``) or gives the run up and shows it."""
-    from ..ray_train import run_worker
+    from ..run.ray_train import run_worker
 
     show_logs()
     run_worker(config)

@@ -29,7 +29,8 @@ def add_checkpoints(commands: Commands) -> None:
 
 
 def _checkpoints(args: argparse.Namespace) -> int:
-    from .. import manifest
+    from ..outputs import manifest
+    from ..outputs.run_folder import RunFolder
     from .common import job_of
 
     where = Path(args.where)
@@ -39,7 +40,7 @@ def _checkpoints(args: argparse.Namespace) -> int:
             error(f"{where}: not a job file; give a run's output folder")
             return 2
         where = job.output_dir
-    folder = where / "checkpoints" if (where / "checkpoints").is_dir() else where
+    folder = RunFolder(where).checkpoints if RunFolder(where).checkpoints.is_dir() else where
     found = manifest.list_checkpoints(folder)
     if not found:
         error(f"{folder}: no checkpoints")
@@ -168,7 +169,7 @@ def add_doctor(commands: Commands) -> None:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from ..doctor import render_report, report
+    from ..env.doctor import render_report, report
     from .common import load_ref
 
     config = load_ref(args.config) if args.config is not None else None

@@ -22,9 +22,9 @@ __all__ = ["add_train"]
 
 def _guard(folder: Path, *, resume: bool, overwrite: bool) -> None:
     """Refuse to write over an earlier run without --resume or --overwrite; with --overwrite, move it aside."""
-    from .. import output_dir
+    from ..outputs import run_folder
 
-    earlier = output_dir.earlier_run(folder)
+    earlier = run_folder.earlier_run(folder)
     if earlier is None or resume:
         return
     if not overwrite:
@@ -32,7 +32,7 @@ def _guard(folder: Path, *, resume: bool, overwrite: bool) -> None:
             f"{folder} holds an earlier run ({earlier}); nothing was changed. Pass --resume to continue it, "
             "--overwrite to start over (the earlier run is moved aside, not deleted), or set training.output_dir"
         )
-    moved = output_dir.move_aside(folder)
+    moved = run_folder.move_aside(folder)
     out(f"moved the earlier run in {folder} to {moved} (delete it when you no longer need it)")
 
 
@@ -124,9 +124,11 @@ def add_train(commands: Commands) -> None:
 def _train(args: argparse.Namespace) -> int:
     import attrs
 
-    from .. import launch, output_dir, run
-    from ..extras import require
+    from ..env.extras import require
     from ..job import demo_job_path, load_job
+    from ..outputs import run_folder
+    from ..run import launch
+    from ..run import worker as run
     from .common import job_sets
 
     require("dsbuild train")  # before anything is read: a config-only install says which pip install trains
@@ -230,7 +232,7 @@ def _train(args: argparse.Namespace) -> int:
         raise e if e.source else e.with_source(str(path)) from None
     resume = args.resume or args.resume_from is not None
     if backend == "ray" and job.launch.storage_path is not None and not resume:
-        from .. import ray_train
+        from ..run import ray_train
 
         ray_train.refuse_earlier_run(job)  # before anything is written (the default storage is guarded below)
     owner = node_rank == 0 or elastic  # elastic: every node's launcher (none is node 0 for sure)
@@ -243,7 +245,7 @@ def _train(args: argparse.Namespace) -> int:
             return 2
     # Node 0 owns the output folder: it holds the lock for the whole run and guards an earlier run's files. In an
     # elastic run every node's launcher shares the lock, and the first guards the folder.
-    holding = output_dir.lock(job.output_dir, elastic=nodes.run_id if elastic else None)
+    holding = run_folder.lock(job.output_dir, elastic=nodes.run_id if elastic else None)
     with holding if owner else contextlib.nullcontext(enter_result=False) as first:
         if first:
             _guard(job.output_dir, resume=resume, overwrite=args.overwrite)
@@ -251,7 +253,7 @@ def _train(args: argparse.Namespace) -> int:
         if nodes.origin:
             print(f"dsbuild: {escape_lines(nodes.origin)}", file=sys.stderr)
         if backend == "ray":
-            from .. import ray_train
+            from ..run import ray_train
             from .rank import ray_worker
 
             code, report = ray_train.train(
@@ -339,7 +341,7 @@ def _report(code: int, lines: list[str]) -> None:
 
 def _requeue() -> None:
     """``scontrol requeue`` the Slurm job this runs in, once; what happened is said on stderr."""
-    from .. import slurm
+    from ..run import slurm
 
     target = slurm.requeue_target(os.environ)
     if target is None:
@@ -361,8 +363,8 @@ def _requeue() -> None:
 def _refused(job: Any) -> list[Diagnostic]:
     """What the run would not do as its config says, found before any process starts: a feature dsbuild refuses
     (``features.REFUSED``), DeepCompile on an accelerator without its op (DeepSpeed's CPU accelerator)."""
-    from ..features import refusals
     from ..validate import Diagnostic
+    from ..validate.feature_table import refusals
 
     ds_config = job.config.to_dict()
     found = [Diagnostic(p.path, "error", p.message, p.hint) for p in refusals(ds_config)]

@@ -11,8 +11,8 @@ from typing import Any
 
 import attrs
 
+from .._util.suggest import did_you_mean
 from ..errors import Problem
-from ..suggest import did_you_mean
 from .core import NOT_KEYS, ConfigFields, section_classes
 from .fields import key_of
 from .optim import OPTIMIZER_PARAMS, SCHEDULER_PARAMS

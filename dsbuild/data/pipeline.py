@@ -16,11 +16,11 @@ from typing import Any, Final, overload
 
 import attrs
 
+from .._util.suggest import did_you_mean
+from ..env.extras import require
 from ..errors import ConfigError, Problem
-from ..extras import require
 from ..job.formats import CHAT_FORMATS, FIELDS
 from ..job.spec import DataSpec
-from ..suggest import did_you_mean
 from .packing import pack_columns
 from .records import Checker, Record, check_record, no_sample_left
 from .sources import SMALL, Source, load_source, quiet

@@ -24,8 +24,8 @@ from typing import Any, Final, TextIO
 
 import attrs
 
+from .._util.safe_read import check_json_depth
 from ..errors import ConfigError, Problem
-from ..files import check_json_depth
 from ..job.formats import FORMATS, IGNORE_INDEX, ROLES, SHAREGPT_ROLES, TEMPLATES, TRAINED_ROLE
 
 __all__ = [

@@ -16,8 +16,8 @@ from typing import Any, Final
 
 import attrs
 
+from .._util.safe_read import check_json_depth
 from ..errors import ConfigError, Problem
-from ..files import check_json_depth
 from ..job.formats import DATA_SUFFIXES
 from .records import first_text, iter_records, json_lines_where, read_records
 

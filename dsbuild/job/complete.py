@@ -19,8 +19,8 @@ import attrs
 from ..api import Config
 from ..config.walk import leaves
 from ..errors import ConfigError, InvalidValueError, Problem
-from ..hf_table import BATCH_KEYS, FILLS
-from ..training import HF_SCHEDULERS, Training
+from ..resolve.hf_table import BATCH_KEYS, FILLS
+from ..resolve.training import HF_SCHEDULERS, Training
 
 __all__ = ["complete"]
 

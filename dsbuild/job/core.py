@@ -9,11 +9,11 @@ from typing import Any, Final
 
 import attrs
 
+from .._util.overrides import set_dotted
+from .._util.safe_read import count_records
 from ..api import Config
 from ..errors import ConfigError, Problem
-from ..files import count_records
-from ..overrides import set_dotted
-from ..training import Training
+from ..resolve.training import Training, micro_batches, optimizer_steps
 from ..validate import Diagnostic, validate
 from .reader import JobReader, read_job_dict
 from .spec import DataSpec, LaunchSpec, ModelSpec, StrategySpec
@@ -90,14 +90,11 @@ class Job:
         if isinstance(self.data.eval_split, float):
             records -= math.ceil(records * self.data.eval_split)  # what datasets' train_test_split holds out
         world = world_size or self.launch.world_size
-        micro = self.training.per_device_train_batch_size
-        accum = self.training.gradient_accumulation_steps
-        # What Session.fit counts: a DistributedSampler pads each rank's share to ceil(n / world).
-        batches = math.ceil(math.ceil(records / world) / micro)
-        if self.config.dataloader_drop_last:
-            batches = math.ceil(records / world) // micro
-        per_epoch = max(math.ceil(batches / accum), 1)  # the HF Trainer: an epoch's last step takes what is left
-        return max(math.ceil(self.training.num_train_epochs * per_epoch), 1)
+        drop_last = bool(self.config.dataloader_drop_last)
+        batches = micro_batches(records, world, self.training.per_device_train_batch_size, drop_last=drop_last)
+        return optimizer_steps(
+            batches, self.training.gradient_accumulation_steps, epochs=self.training.num_train_epochs
+        )
 
     def _counted_steps(self, world_size: int | None) -> int | None:
         """The step count to pass ``resolve``: none when ``max_steps`` says it (resolve reads it, and says so)."""

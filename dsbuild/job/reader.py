@@ -10,17 +10,17 @@ from typing import Any, Final
 
 import attrs
 
+from .._util.safe_read import real_path, special_file
+from .._util.suggest import did_you_mean
 from ..api import Config
 from ..config import PASSTHROUGH_KEYS
 from ..config.fields import Spec, check_value, coerce, describe, key_of
 from ..config.walk import leaves
 from ..errors import ConfigError, DsbuildError, Problem
-from ..files import real_path, special_file
-from ..io import config_ref, merge, read_dict, read_table, to_config
-from ..presets import preset_path
-from ..resolve import model_hidden_size
-from ..suggest import did_you_mean
-from ..training import Training
+from ..io.config_files import config_ref, merge, read_dict, read_table, to_config
+from ..io.presets import preset_path
+from ..resolve.resolution import model_hidden_size
+from ..resolve.training import Training
 from .complete import complete
 from .devices import parse_device_mapping
 from .formats import (

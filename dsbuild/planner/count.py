@@ -14,7 +14,7 @@ from typing import Any
 import attrs
 
 from ..errors import ConfigError, InvalidValueError, MissingDependencyError, Problem
-from ..io import read_table
+from ..io.config_files import read_table
 
 __all__ = ["DEFAULTS", "ModelSize", "Shape", "count_params"]
 

@@ -4,7 +4,7 @@ Importing this package imports torch (and, when used, deepspeed, transformers
 and peft); ``import dsbuild`` does not import it until ``dsbuild.Session`` is used.
 """
 
-from ..extras import require
+from ..env.extras import require
 
 require("dsbuild.Session")  # torch, deepspeed, transformers, peft: else the exact pip install
 

@@ -1,4 +1,4 @@
-"""Saving and resuming a Session's checkpoints: DeepSpeed's files, verified, with the run's facts (``dsbuild.manifest``).
+"""Saving and resuming a Session's checkpoints: DeepSpeed's files, verified, with the run's facts (``dsbuild.outputs.manifest``).
 
 ``save``: every process writes its files (DeepSpeed's, hashed as they are written; its own
 position and RNG states as JSON), then rank 0 writes the manifest and only then moves ``latest``.
@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from .. import manifest
 from ..errors import CheckpointError, SessionError
+from ..outputs import manifest
 from . import distributed, universal, weights_only
 
 __all__ = ["load", "require_shared", "save"]

@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..atomic import write_atomic
+from .._util.atomic import write_atomic
 
 __all__ = ["install"]
 

@@ -91,9 +91,9 @@ def init(timeout: float | None = None) -> None:
 
     import deepspeed
 
-    from ..build_locks import stale_locks
+    from ..env.build_locks import stale_locks
     from ..errors import SessionError
-    from ..training import Training
+    from ..resolve.training import Training
     from .cpu_features import install
 
     # Once per process, before its group exists (init is called again by each Session, and by the data barrier).

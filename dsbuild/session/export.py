@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ..manifest import fingerprint
+from ..outputs.manifest import fingerprint
 from . import distributed
 
 __all__ = ["full_state_dict", "is_peft", "lora_fingerprint", "model_fingerprint", "save_hf", "trainable_state_dict"]

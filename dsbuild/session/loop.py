@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import os
 import signal
 import sys
@@ -13,12 +12,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final, Protocol
 
-from .. import manifest
 from ..errors import NonFiniteLossError, RunStopped, SessionError
-from ..training import Training, steps_between
+from ..outputs import manifest
+from ..outputs.history import History
+from ..outputs.run_folder import RunFolder
+from ..resolve.training import Training, optimizer_steps, steps_between
 from . import distributed
 from .batches import DataPosition, counts
-from .history import History
 
 __all__ = ["Trainable", "fit"]
 
@@ -88,8 +88,7 @@ def fit(
     if batches == 0:
         raise SessionError("train_data is empty (no micro-batch for this process)")
     accumulation = session.gradient_accumulation_steps
-    per_epoch = math.ceil(batches / accumulation)  # the HF Trainer's: an epoch's last step takes what is left
-    target = _target_steps(session, per_epoch, epochs, max_steps)
+    target = _target_steps(session, batches, accumulation, epochs, max_steps)
     engine = session.engine_for(target)
 
     strategy = session.training.save_strategy if session.training is not None else "steps"
@@ -256,7 +255,7 @@ def _stopped(session: Trainable, received: str | None, step: int) -> RunStopped:
     tag = f"global_step{step}"
     if session.last_saved != tag:
         session.save_checkpoint()
-    where = session.output_dir / "checkpoints" / tag
+    where = RunFolder(session.output_dir).checkpoint(tag)
     return RunStopped(
         f"stopped at step {step} by {why}; checkpoint {where} saved and verified: dsbuild train --resume continues",
         str(where),
@@ -278,19 +277,21 @@ def _evaluated(session: Trainable, data: Any, collate_fn: Any, loss_fn: Any) -> 
     return {"step": session.global_step, **session.evaluate(data, collate_fn=collate_fn, loss_fn=loss_fn)}
 
 
-def _target_steps(session: Trainable, per_epoch: int, epochs: float | None, max_steps: int | None) -> int:
+def _target_steps(
+    session: Trainable, batches: int, accumulation: int, epochs: float | None, max_steps: int | None
+) -> int:
     """The run's optimizer steps: ``max_steps``, else ``epochs``, else the session's ``total_steps`` /
     ``training.max_steps``, else ``training.num_train_epochs`` (1 epoch without training arguments)."""
     if max_steps is not None:
         return int(max_steps)
     if epochs is not None:
-        return max(math.ceil(epochs * per_epoch), 1)
+        return optimizer_steps(batches, accumulation, epochs=epochs)
     if session.total_steps is not None:
         return int(session.total_steps)
-    if session.training is not None and session.training.max_steps > 0:
-        return int(session.training.max_steps)
-    train_epochs = session.training.num_train_epochs if session.training is not None else 1
-    return max(math.ceil(train_epochs * per_epoch), 1)
+    training = session.training
+    if training is None:
+        return optimizer_steps(batches, accumulation)
+    return optimizer_steps(batches, accumulation, max_steps=training.max_steps, epochs=training.num_train_epochs)
 
 
 def _every(session: Trainable, name: str, target: int) -> int | None:
@@ -301,7 +302,7 @@ def _every(session: Trainable, name: str, target: int) -> int | None:
 
 
 def _non_finite(session: Trainable, record: Mapping[str, Any], last: tuple[int, float] | None) -> NonFiniteLossError:
-    where = session.output_dir / "checkpoints" if session.output_dir is not None else None
+    where = RunFolder(session.output_dir).checkpoints if session.output_dir is not None else None
     good = manifest.last_complete(where) if where is not None else None
     before = f"the last finite loss was {last[1]:.4f} at step {last[0]}" if last else "no step had a finite loss"
     saved = f"the last good checkpoint is {where / good}" if where is not None and good else "no checkpoint was saved"

@@ -24,11 +24,12 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import torch
 
-from .. import history, manifest
 from ..api import Config
 from ..errors import ConfigError, Problem, SessionError, UnresolvedAutoError
-from ..features import refusals
-from ..training import Training
+from ..outputs import history, manifest
+from ..outputs.run_folder import RunFolder
+from ..resolve.training import Training
+from ..validate.feature_table import refusals
 from . import batches, building, checkpoints, distributed, export, loop, weights_only
 from .batches import as_float, counts, forward_arguments, loss_of, takes_batch, to_device
 from .export import lora_fingerprint, model_fingerprint
@@ -239,7 +240,7 @@ class Session:
         ds_config = self._config.to_dict()
         if self.output_dir is not None and self.is_main_process:
             self.output_dir.mkdir(parents=True, exist_ok=True)
-            self._config.to_json(self.output_dir / "ds_config.json")
+            self._config.to_json(RunFolder(self.output_dir).ds_config)
         params = [p for p in self._model.parameters() if p.requires_grad]
         if not params:
             raise SessionError("the model has no trainable parameters (requires_grad is False everywhere)")
@@ -334,7 +335,7 @@ class Session:
 
     @property
     def run_facts(self) -> manifest.RunFacts:
-        """What a checkpoint of this run records, and a resume must match (``dsbuild.manifest.RunFacts``)."""
+        """What a checkpoint of this run records, and a resume must match (``dsbuild.outputs.manifest.RunFacts``)."""
         zero = self._config.zero_optimization
         stage = zero.stage if zero is not None and isinstance(zero.stage, int) else 0
         return manifest.RunFacts(
@@ -559,7 +560,7 @@ class Session:
             return Path(path)
         if self.output_dir is None:
             raise SessionError("no checkpoint directory: pass a path, or output_dir= to the Session")
-        return self.output_dir / "checkpoints"
+        return RunFolder(self.output_dir).checkpoints
 
     def save_checkpoint(self, path: str | os.PathLike[str] | None = None, tag: str | None = None) -> str:
         """Collective: save engine, optimizer, scheduler, data position and RNG states, verified; return the tag.
@@ -652,6 +653,6 @@ class Session:
         if path is None:
             if self.output_dir is None:
                 raise SessionError("no model directory: pass a path, or output_dir= to the Session")
-            path = self.output_dir / "model"
+            path = RunFolder(self.output_dir).model
         export.save_hf(self.engine, self._model, Path(path), merge_lora=merge_lora, tokenizer=self.tokenizer)
         return Path(path)

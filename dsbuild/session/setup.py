@@ -14,8 +14,9 @@ import torch
 
 from ..api import Config
 from ..errors import ConfigError, Problem, UnresolvedAutoError
-from ..io import config_ref
-from ..training import REPORT_TO, Training
+from ..io.config_files import config_ref
+from ..outputs.run_folder import RunFolder
+from ..resolve.training import REPORT_TO, Training
 from ..validate import check
 
 __all__ = [
@@ -73,7 +74,7 @@ def with_default_monitor(config: Config, output_dir: Path | None, report_to: Seq
             continue
         where: dict[str, Any] = {}
         if section in ("tensorboard", "csv_monitor") and output_dir is not None:
-            where = {"output_path": str(output_dir / "logs"), "job_name": "train"}
+            where = {"output_path": str(RunFolder(output_dir).logs), "job_name": "train"}
         changes[section] = attrs.fields_dict(type(config))[section].metadata["dsbuild"].section(enabled=True, **where)
     return attrs.evolve(config, **changes) if changes else config
 

@@ -23,8 +23,8 @@ from typing import Any, Final
 
 import attrs
 
-from .. import manifest
 from ..errors import CheckpointError, SessionError
+from ..outputs import manifest
 from . import weights_only
 
 __all__ = ["FOLDER", "carried_position", "convert", "describe", "loading"]

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError
-from ..manifest import DIGEST, file_digest, hasher
+from ..outputs.manifest import DIGEST, file_digest, hasher
 
 __all__ = [
     "VerifyingCheckpointEngine",

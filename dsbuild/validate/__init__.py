@@ -54,8 +54,8 @@ import attrs
 
 from ..config import ConfigFields
 from ..config.fields import describe
+from ..env.versions import installed_tuple
 from ..errors import InvalidValueError, Problem, error_of
-from ..versions import installed_tuple
 from . import autos, batch, engine, parser, silent
 from .batch import batch_triangle
 from .facts import REGISTERED, Diagnostic, Facts, Rule, Target

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from typing import Final
 
 from ..config.walk import auto_paths
-from ..hf_table import ACCELERATE_FILLS, BATCH_KEYS, FILLS
+from ..resolve.hf_table import ACCELERATE_FILLS, BATCH_KEYS, FILLS
 from .facts import Diagnostic, Facts, rule
 
 _RESOLVE_HINT: Final = 'cfg.resolve(...) or `dsbuild export --resolve`; for the HF Trainer validate with target="hf"'

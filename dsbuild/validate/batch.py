@@ -1,11 +1,11 @@
-"""The batch-size rule: DeepSpeed's batch triangle checked before launch (``dsbuild.batch``)."""
+"""The batch-size rule: DeepSpeed's batch triangle checked before launch (``dsbuild.resolve.batch``)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ..batch import Triangle, TriangleProblem, derive
 from ..config import AUTO, ConfigFields
+from ..resolve.batch import Triangle, TriangleProblem, derive
 from .facts import Diagnostic, Facts, known, rule
 
 __all__ = ["batch_triangle"]

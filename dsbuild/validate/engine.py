@@ -6,11 +6,11 @@ from collections.abc import Iterator
 
 import attrs
 
+from .._util.suggest import did_you_mean
 from ..config import SCHEDULERS
 from ..config.fields import key_of
 from ..config.keys import UNKNOWN_KEY_HINTS
 from ..config.optim import scheduler_params_class
-from ..suggest import did_you_mean
 from .catalogue import (
     CPU_OPTIMIZERS,
     DISPLAY_NAMES,

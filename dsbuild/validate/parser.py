@@ -12,7 +12,7 @@ from ..config.fields import describe, key_of
 from ..config.keys import IGNORED_KEY_HINT, unknown_key
 from ..config.optim import optimizer_params_class, scheduler_params_class
 from ..config.walk import leaves
-from ..convert import REMOVED_KEYS, to_dict
+from ..io.convert import REMOVED_KEYS, to_dict
 from .catalogue import REMOVED_ZERO_KEYS
 from .facts import Diagnostic, Facts, is_table, known, rule
 

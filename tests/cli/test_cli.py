@@ -12,10 +12,10 @@ import pytest
 
 import dsbuild
 from dsbuild import Config
+from dsbuild._util.compat import tomllib
 from dsbuild.cli import main
-from dsbuild.compat import tomllib
-from dsbuild.extras import missing
-from dsbuild.presets import preset_names
+from dsbuild.env.extras import missing
+from dsbuild.io.presets import preset_names
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -86,6 +86,7 @@ def test_show_file_as_toml(capsys: pytest.CaptureFixture[str], tmp_path: Path) -
     assert Config.from_dict(tomllib.loads(out)) == Config.preset("zero2").batch(micro=4)
 
 
+@pytest.mark.train
 def test_show_and_doctor_take_a_job_file(capsys: pytest.CaptureFixture[str]) -> None:
     """A job file is shown as its run's config, and doctor checks against it (cli.md: CONFIG_OR_JOB)."""
     job = Path(__file__).resolve().parents[2] / "examples" / "job_lora_zero3.toml"
@@ -358,6 +359,7 @@ def test_validate_deepspeed_for_the_hf_trainer_is_a_usage_error(capsys: pytest.C
     assert err.startswith("dsbuild: error: --deepspeed asks DeepSpeed about the config as written")
 
 
+@pytest.mark.train
 def test_validate_deepspeed_without_deepspeed_names_the_install(
     capsys: pytest.CaptureFixture[str], good: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dsbuild.cli import main
-from dsbuild.schema import json_schema
+from dsbuild.io.schema import json_schema
 
 
 def test_schema_prints_the_json_schema(capsys: pytest.CaptureFixture[str]) -> None:

@@ -5,46 +5,20 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from dsbuild import Config, load_job
 from dsbuild.cli import main
-from dsbuild.extras import missing
+from dsbuild.env.extras import missing
 from dsbuild.interop import for_hf
 from dsbuild.job import demo_job_path
 
 DEMO = demo_job_path()
-
-JOB = """\
-[model]
-tokenizer = "byte"
-[model.config]
-model_type = "llama"
-hidden_size = 64
-intermediate_size = 128
-num_hidden_layers = 2
-num_attention_heads = 4
-num_key_value_heads = 4
-vocab_size = 384
-
-[data]
-path = "train.jsonl"
-format = "alpaca"
-max_length = 256
-
-[training]
-per_device_train_batch_size = 4
-learning_rate = 1e-3
-max_steps = 10
-
-[strategy]
-config = "zero2"
-"""
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -62,12 +36,9 @@ def _outside_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def job(tmp_path: Path) -> Path:
-    """A small valid job next to a copy of the demo's training data."""
-    shutil.copy(DEMO.parent / "arith_train.jsonl", tmp_path / "train.jsonl")
-    path = tmp_path / "job.toml"
-    path.write_text(JOB, encoding="utf-8")
-    return path
+def job(tiny_job: Callable[..., Path]) -> Path:
+    """A small valid job next to a copy of the demo's training data (the suite's ``tiny_job``)."""
+    return tiny_job()
 
 
 def _edit(path: Path, old: str, new: str) -> Path:
@@ -80,6 +51,7 @@ def _edit(path: Path, old: str, new: str) -> Path:
 # -- validate ------------------------------------------------------------------------------
 
 
+@pytest.mark.train
 def test_validate_tells_job_files_from_configs(capsys: pytest.CaptureFixture[str], job: Path, tmp_path: Path) -> None:
     """Job files and ds_configs in one call; a job's config problems are under strategy.config."""
     config = tmp_path / "ds.json"
@@ -156,6 +128,7 @@ def test_validate_set_is_for_jobs(capsys: pytest.CaptureFixture[str]) -> None:
 # -- train: refused before anything starts ----------------------------------------------------
 
 
+@pytest.mark.train
 @pytest.mark.parametrize(
     ("sets", "edit", "expected"),
     [
@@ -190,6 +163,7 @@ def test_train_refuses_a_bad_job_with_one_line_per_problem(
     assert err.splitlines() == [f"dsbuild: error: {job}: " + e.format(dir=job.parent) for e in expected]
 
 
+@pytest.mark.train
 def test_train_refuses_a_config_that_fails_validation(capsys: pytest.CaptureFixture[str], job: Path) -> None:
     """A job whose config DeepSpeed would reject for this world size: exit 1, before any process starts."""
     _edit(job, 'config = "zero2"', 'config = "zero2"\n[strategy.overrides]\ntrain_batch_size = 6')
@@ -202,6 +176,7 @@ def test_train_refuses_a_config_that_fails_validation(capsys: pytest.CaptureFixt
     assert lines[-1] == "dsbuild: error: not started: 2 errors"
 
 
+@pytest.mark.train
 def test_train_checks_the_model_config_and_the_data_before_starting(
     capsys: pytest.CaptureFixture[str], job: Path
 ) -> None:
@@ -220,6 +195,7 @@ def test_train_checks_the_model_config_and_the_data_before_starting(
     assert err == f"dsbuild: error: {data}: line 2: field 'output': expected a string, it is missing or null\n"
 
 
+@pytest.mark.train
 def test_train_usage_errors(capsys: pytest.CaptureFixture[str], job: Path) -> None:
     code, _, err = run(capsys, "train", str(job), "--nnodes", "2")
     assert code == 2 and "give each node's launch --node-rank R and --master-addr" in err
@@ -237,6 +213,7 @@ def test_train_usage_errors(capsys: pytest.CaptureFixture[str], job: Path) -> No
     assert code == 2 and "--master-port: expected a TCP port number up to 65535, got '99999'" in err
 
 
+@pytest.mark.train
 def test_an_elastic_run_needs_a_rendezvous_and_no_node_rank(capsys: pytest.CaptureFixture[str], job: Path) -> None:
     """--nnodes MIN:MAX: the rendezvous host must be given, the node rank must not; nonsense counts are usage errors,
     and Ray's backend (which restarts its own workers) refuses it."""
@@ -257,6 +234,7 @@ def test_an_elastic_run_needs_a_rendezvous_and_no_node_rank(capsys: pytest.Captu
     assert code == 2 and "training.save_on_each_node: a restart resumes on whichever nodes are left" in err
 
 
+@pytest.mark.train
 def test_train_usage_errors_in_a_slurm_job(
     capsys: pytest.CaptureFixture[str], job: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -299,6 +277,7 @@ def test_checkpoints_lists_only_checkpoint_folders(capsys: pytest.CaptureFixture
     assert code == 1 and "global_step2" in out and "DAMAGED" in out and "data" not in out.replace(str(tmp_path), "")
 
 
+@pytest.mark.train
 def test_device_mapping_holding_code_is_refused_and_never_run(job: Path, tmp_path: Path) -> None:
     """A ROLL-style device_mapping string is parsed, never evaluated: code in it is an error, and it does not run."""
     marker = tmp_path / "pwned"
@@ -314,6 +293,7 @@ def test_device_mapping_holding_code_is_refused_and_never_run(job: Path, tmp_pat
     assert not marker.exists()
 
 
+@pytest.mark.train
 @pytest.mark.parametrize(
     ("command", "allowed"),
     [

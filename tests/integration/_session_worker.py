@@ -21,8 +21,8 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 from _session_common import TokenData, tiny_llama
 
 from dsbuild import Config
+from dsbuild.resolve.training import Training
 from dsbuild.session import Session
-from dsbuild.training import Training
 
 
 def main(out: Path) -> None:

@@ -24,11 +24,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from _session_common import TokenData, tiny_llama  # noqa: E402
 
-from dsbuild import Config, manifest  # noqa: E402
+from dsbuild import Config  # noqa: E402
 from dsbuild.errors import CheckpointError, NonFiniteLossError  # noqa: E402
-from dsbuild.history import read as read_history  # noqa: E402
+from dsbuild.outputs import manifest  # noqa: E402
+from dsbuild.outputs.history import read as read_history  # noqa: E402
+from dsbuild.resolve.training import Training  # noqa: E402
 from dsbuild.session import Session, weights_only  # noqa: E402
-from dsbuild.training import Training  # noqa: E402
 
 # torch's own AdamW (torch_adam): a resumed run then matches the uninterrupted one bit for bit (DeepSpeed's CPU
 # Adam keeps its bias correction in process-wide state and recomputes it after a resume, to ~1e-7).

@@ -1,5 +1,5 @@
 """One rule for a string that names a config: Session, the CLI and a job read "zero3" as the packaged preset even
-with a file called zero3 beside them, and "./zero3" as that file (dsbuild.io.config_ref)."""
+with a file called zero3 beside them, and "./zero3" as that file (dsbuild.io.config_files.config_ref)."""
 
 from __future__ import annotations
 

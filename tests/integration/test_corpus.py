@@ -25,8 +25,8 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from dsbuild import Config, ConfigError
-from dsbuild.convert import to_dict
-from dsbuild.schema import json_schema
+from dsbuild.io.convert import to_dict
+from dsbuild.io.schema import json_schema
 
 from_dict = Config.from_dict
 

@@ -26,9 +26,9 @@ from _session_common import tiny_llama  # noqa: E402
 
 from dsbuild import Config  # noqa: E402
 from dsbuild.data import collate, load  # noqa: E402
-from dsbuild.history import read as read_history  # noqa: E402
 from dsbuild.job import DataSpec  # noqa: E402
 from dsbuild.job.formats import FALLBACK_CHAT_TEMPLATE  # noqa: E402
+from dsbuild.outputs.history import read as read_history  # noqa: E402
 from dsbuild.session import Session  # noqa: E402
 from dsbuild.session.distributed import free_port  # noqa: E402
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from dsbuild import Config
-from dsbuild.deepspeed_verdict import LABEL, SECTIONS, deepspeed_verdict
 from dsbuild.validate import Diagnostic
+from dsbuild.validate.deepspeed_verdict import LABEL, SECTIONS, deepspeed_verdict
 
 deepspeed = pytest.importorskip("deepspeed")
 from deepspeed.runtime import config as ds_config  # noqa: E402

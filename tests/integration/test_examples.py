@@ -43,6 +43,7 @@ def test_every_example_is_covered() -> None:
     ]
 
 
+@pytest.mark.train
 def test_build_config(tmp_path: Path) -> None:
     """Builds a config in Python and writes it and every preset as JSON and TOML."""
     done = example("build_config.py", str(tmp_path / "out"), cwd=tmp_path)

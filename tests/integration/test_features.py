@@ -1,5 +1,5 @@
 """No silent ignore: every top-level key of the installed DeepSpeed's config schema is in one row of
-``dsbuild.features.FEATURES`` (trained here, run elsewhere, refused), docs/features.md shows exactly that table, and
+``dsbuild.validate.feature_table.FEATURES`` (trained here, run elsewhere, refused), docs/features.md shows exactly that table, and
 a config that turns on a refused feature stops ``Session`` and ``dsbuild train`` before anything starts."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from dsbuild import Config, ConfigError
-from dsbuild.features import ELSEWHERE, FEATURES, REFUSED, TRAINED, refusals
+from dsbuild.validate.feature_table import ELSEWHERE, FEATURES, REFUSED, TRAINED, refusals
 
 pytest.importorskip("deepspeed")
 transformers = pytest.importorskip("transformers")

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from dsbuild import Config, ConfigError, ConflictError, InvalidValueError, UnresolvedAutoError
-from dsbuild.training import Training
+from dsbuild.resolve.training import Training
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("deepspeed")

@@ -13,16 +13,15 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dsbuild.cli import main
-from dsbuild.job import demo_job_path
 
 pytest.importorskip("accelerate")
 pytest.importorskip("deepspeed")
@@ -40,35 +39,11 @@ TRAINING: dict[str, Any] = {
 }
 """The job's [training], and the arguments the scripts give the Trainer / DummyOptim / DummyScheduler."""
 
-JOB = """\
-[model]
-tokenizer = "byte"
-[model.config]
-model_type = "llama"
-hidden_size = 64
-intermediate_size = 128
-num_hidden_layers = 2
-num_attention_heads = 4
-num_key_value_heads = 4
-vocab_size = 384
-
-[data]
-path = "train.jsonl"
-format = "alpaca"
-max_length = 64
-
-[strategy]
-config = "zero2"
-"""
-
 
 @pytest.fixture
-def job(tmp_path: Path) -> Path:
-    shutil.copy(demo_job_path().parent / "arith_train.jsonl", tmp_path / "train.jsonl")
-    path = tmp_path / "job.toml"
-    training = "".join(f"{key} = {json.dumps(value)}\n" for key, value in TRAINING.items())
-    path.write_text(f"{JOB}\n[training]\n{training}", encoding="utf-8")
-    return path
+def job(tiny_job: Callable[..., Path]) -> Path:
+    """The suite's tiny job with these tests' training arguments and short samples."""
+    return tiny_job(training=TRAINING, data={"max_length": 64})
 
 
 def export(*argv: str) -> None:

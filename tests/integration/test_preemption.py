@@ -19,9 +19,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("deepspeed")
 pytest.importorskip("transformers")
 
-from dsbuild import Config, Session, Training, manifest  # noqa: E402
+from dsbuild import Config, Session, Training  # noqa: E402
 from dsbuild.errors import RunStopped  # noqa: E402
-from dsbuild.history import read as read_history  # noqa: E402
+from dsbuild.outputs import manifest  # noqa: E402
+from dsbuild.outputs.history import read as read_history  # noqa: E402
 
 
 def loss_fn(engine: Any, batch: Any) -> Any:
@@ -155,7 +156,7 @@ def test_a_signal_to_one_rank_or_to_the_launcher_of_two_processes_saves_and_resu
     os.kill(workers[1] if target == "rank 1" else run.pid, sent)  # type: ignore[arg-type]
     if target == "dsbuild train":  # while it saves and stops, the folder is still its own
         from dsbuild.errors import OutputDirError
-        from dsbuild.output_dir import lock
+        from dsbuild.outputs.run_folder import lock
 
         alive = run.poll() is None
         with pytest.raises(OutputDirError, match="is in use by"), lock(out):

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from dsbuild.cli import main
-from dsbuild.history import read as read_history
+from dsbuild.outputs.history import read as read_history
 
 FEW_STEPS = [
     "--set=training.max_steps=6",
@@ -48,10 +48,11 @@ def test_ray_address_needs_the_ray_backend(capsys: pytest.CaptureFixture[str]) -
     assert "--ray-address: only with --backend ray" in capsys.readouterr().err
 
 
+@pytest.mark.train
 def test_the_config_sdk_and_the_torchrun_path_never_import_ray() -> None:
     """Reading a job, the CLI's parsers and the torchrun launcher import no ray module (only ray_train does)."""
     code = (
-        "import sys; import dsbuild, dsbuild.cli, dsbuild.launch, dsbuild.run, dsbuild.cli.rank; "
+        "import sys; import dsbuild, dsbuild.cli, dsbuild.run.launch, dsbuild.run.worker, dsbuild.cli.rank; "
         "from dsbuild.job import load_job, demo_job_path; load_job(demo_job_path()); "
         "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))"
     )

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dsbuild.history import read as read_history
+from dsbuild.outputs.history import read as read_history
 
 pytest.importorskip("deepspeed")
 pytestmark = pytest.mark.slow  # 2-process runs

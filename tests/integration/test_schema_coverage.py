@@ -27,7 +27,7 @@ from dsbuild import Config, ConfigError
 from dsbuild.config import NOT_KEYS, PASSTHROUGH_KEYS, PASSTHROUGH_SCHEMAS, ConfigFields, section_classes
 from dsbuild.config.fields import check_value, coerce, key_of, spec_of
 from dsbuild.config.keys import UNKNOWN_KEY_HINTS
-from dsbuild.convert import REMOVED_KEYS, RENAMED_KEYS
+from dsbuild.io.convert import REMOVED_KEYS, RENAMED_KEYS
 from dsbuild.validate.catalogue import REMOVED_ZERO_KEYS
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")

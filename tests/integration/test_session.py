@@ -30,10 +30,11 @@ from safetensors.torch import load_file  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, ByT5Tokenizer  # noqa: E402
 from transformers.integrations import is_deepspeed_zero3_enabled  # noqa: E402
 
-from dsbuild import Config, SessionError, manifest  # noqa: E402
+from dsbuild import Config, SessionError  # noqa: E402
 from dsbuild.errors import CheckpointError  # noqa: E402
+from dsbuild.outputs import manifest  # noqa: E402
+from dsbuild.resolve.training import Training  # noqa: E402
 from dsbuild.session import Session  # noqa: E402
-from dsbuild.training import Training  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 LORA = {"r": 4, "lora_alpha": 8, "lora_dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}

@@ -21,8 +21,8 @@ import pytest
 pytest.importorskip("deepspeed")
 pytest.importorskip("transformers")
 
-from dsbuild import manifest
-from dsbuild.history import read as read_history
+from dsbuild.outputs import manifest
+from dsbuild.outputs.history import read as read_history
 from dsbuild.session.distributed import free_port
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -151,7 +151,7 @@ def test_data_without_a_trainable_token_is_refused_before_launch(tmp_path: Path)
 def test_a_stale_op_build_lock_is_reported_not_waited_on(tmp_path: Path) -> None:
     """A build killed mid-compile left its lock: `dsbuild train` says which file to remove instead of hanging,
     and `dsbuild doctor` reports it."""
-    from dsbuild.build_locks import extensions_root
+    from dsbuild.env.build_locks import extensions_root
 
     root = tmp_path / "torch_extensions"
     shutil.copytree(extensions_root(), root, ignore=shutil.ignore_patterns("lock"))

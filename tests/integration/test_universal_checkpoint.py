@@ -16,8 +16,8 @@ import pytest
 pytest.importorskip("deepspeed")
 pytest.importorskip("transformers")
 
-from dsbuild.history import read as read_history
-from dsbuild.manifest import verify
+from dsbuild.outputs.history import read as read_history
+from dsbuild.outputs.manifest import verify
 
 pytestmark = pytest.mark.slow  # 2-process runs, a conversion and a load, each in a new process
 
@@ -33,7 +33,7 @@ WEIGHTS = textwrap.dedent(
     import torch, deepspeed
     from safetensors.torch import load_file
     from dsbuild.job import demo_job_path, load_job
-    from dsbuild.run import prepare
+    from dsbuild.run.worker import prepare
     run, overrides = Path(sys.argv[1]), json.loads(sys.argv[2])
     session = prepare(load_job(demo_job_path(), overrides)).session
     position = session.load_checkpoint(tag="global_step4")

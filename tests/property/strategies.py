@@ -42,7 +42,7 @@ from dsbuild.config import (
     section_classes,
 )
 from dsbuild.config.fields import Spec, key_of, spec_of
-from dsbuild.convert import RENAMED_KEYS
+from dsbuild.io.convert import RENAMED_KEYS
 
 __all__ = [
     "DS_KEYS",

@@ -11,9 +11,9 @@ from strategies import configs
 
 from dsbuild import AUTO, Config, ConfigError, ConflictError, UnresolvedAutoError
 from dsbuild.config.walk import DEEPSPEED_AUTOS, auto_paths
-from dsbuild.hf_table import FILLS as RULES
-from dsbuild.resolve import resolve
-from dsbuild.training import Training
+from dsbuild.resolve.hf_table import FILLS as RULES
+from dsbuild.resolve.resolution import resolve
+from dsbuild.resolve.training import Training
 
 # -- strategies for resolve ---------------------------------------------------------------
 

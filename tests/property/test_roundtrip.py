@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from strategies import configs, ds_like_dicts, json_dicts, json_values, mutated_ds_dicts
 
 from dsbuild import Config, ConfigError
-from dsbuild.compat import tomllib
-from dsbuild.convert import to_dict
+from dsbuild._util.compat import tomllib
+from dsbuild.io.convert import to_dict
 
 from_dict = Config.from_dict
 

@@ -11,7 +11,7 @@ from jsonschema import Draft202012Validator
 from strategies import configs, ds_like_dicts, mutated_ds_dicts
 
 from dsbuild import Config, ConfigError
-from dsbuild.schema import json_schema
+from dsbuild.io.schema import json_schema
 
 VALIDATOR = Draft202012Validator(json_schema())
 

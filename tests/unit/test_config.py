@@ -11,6 +11,7 @@ import attrs
 import pytest
 
 from dsbuild import AUTO, Config, ConfigError, InvalidValueError, UnknownKeyError
+from dsbuild._util.docstrings import attribute_docs
 from dsbuild.config import (
     BF16,
     FP16,
@@ -35,7 +36,6 @@ from dsbuild.config import (
     section_classes,
 )
 from dsbuild.config.fields import key_of
-from dsbuild.docstrings import attribute_docs
 
 PARAMS_CLASSES: tuple[type[Any], ...] = (
     AdamParams,

@@ -21,7 +21,7 @@ from dsbuild.config import (
     TensorParallelTP,
     ZeroOptimization,
 )
-from dsbuild.convert import REMOVED_KEYS, RENAMED_KEYS, converter, to_dict
+from dsbuild.io.convert import REMOVED_KEYS, RENAMED_KEYS, converter, to_dict
 
 from_dict = Config.from_dict
 

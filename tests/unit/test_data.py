@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from dsbuild import ConfigError
+from dsbuild._util.safe_read import count_records
 from dsbuild.data import IGNORE_INDEX, check, load, pack, prompt_of, read_records, tokenize
-from dsbuild.files import count_records
 from dsbuild.job import DataSpec
 from dsbuild.job.formats import FALLBACK_CHAT_TEMPLATE, TEMPLATES
 

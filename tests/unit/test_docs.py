@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,7 +26,16 @@ def _blocks(page: Path) -> list[str]:
     return [c for c in codes if not c.lstrip().startswith(SKIP_MARK)]
 
 
-@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+TRAINING = re.compile(r"\b(import torch|Session|dsbuild\.data|transformers|deepspeed)\b")
+"""What makes a page's examples need the training extra (they are skipped by the ``train`` marker without it)."""
+
+
+def _param(page: Path) -> Any:
+    needs_training = any(TRAINING.search(block) for block in _blocks(page))
+    return pytest.param(page, id=str(page.relative_to(ROOT)), marks=[pytest.mark.train] if needs_training else [])
+
+
+@pytest.mark.parametrize("page", [_param(p) for p in PAGES])
 def test_page_examples_run(page: Path, tmp_path: Path) -> None:
     """A documented example that raises is a bug in the docs or in the code."""
     namespace: dict[str, object] = {"__name__": "__doc_example__"}

@@ -1,4 +1,4 @@
-"""dsbuild.doctor: versions, the accelerator, the ops a config needs, and the one-screen report (real packages)."""
+"""dsbuild.env.doctor: versions, the accelerator, the ops a config needs, and the one-screen report (real packages)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
-from dsbuild import Config, doctor
-from dsbuild.doctor import Check, DoctorReport, needed_ops, render_report, report
-from dsbuild.tested import OLDEST, TESTED
-from dsbuild.versions import version_tuple
+from dsbuild import Config
+from dsbuild.env import doctor
+from dsbuild.env.doctor import Check, DoctorReport, needed_ops, render_report, report
+from dsbuild.env.tested import OLDEST, TESTED
+from dsbuild.env.versions import version_tuple
 
 
 def _builder(class_name: str) -> Any:
@@ -34,6 +35,7 @@ def plain() -> DoctorReport:
 # -- the environment ------------------------------------------------------------------
 
 
+@pytest.mark.train
 def test_report_lists_the_installed_versions(plain: DoctorReport) -> None:
     """Python, torch, deepspeed, transformers, peft and accelerate are reported at their installed versions."""
     import platform
@@ -46,6 +48,7 @@ def test_report_lists_the_installed_versions(plain: DoctorReport) -> None:
         assert plain.check(name).status == "ok", plain.check(name)
 
 
+@pytest.mark.train
 def test_torch_build_is_named(plain: DoctorReport) -> None:
     """The torch check says which build it is: CPU, CUDA x.y or ROCm x.y."""
     import torch
@@ -59,6 +62,7 @@ def test_torch_build_is_named(plain: DoctorReport) -> None:
         assert "(CPU build)" in detail
 
 
+@pytest.mark.train
 def test_accelerator_is_the_one_deepspeed_uses(plain: DoctorReport) -> None:
     """The accelerator check names DeepSpeed's accelerator and its device count; on a machine without GPU, cpu."""
     import torch
@@ -80,6 +84,7 @@ def test_jit_toolchain_is_reported(plain: DoctorReport) -> None:
     assert check.detail.startswith(f"c++: {compiler or 'missing'}, ninja: {ninja or 'missing'}")
 
 
+@pytest.mark.train
 def test_without_config_ops_are_informative(plain: DoctorReport) -> None:
     """Without a config, cpu_adam and async_io are reported; one that cannot work here is a warning, not a failure."""
     for op, class_name in (("cpu_adam", "CPUAdamBuilder"), ("async_io", "AsyncIOBuilder")):
@@ -90,6 +95,7 @@ def test_without_config_ops_are_informative(plain: DoctorReport) -> None:
     assert plain.ok == all(c.status != "fail" for c in plain.checks)
 
 
+@pytest.mark.train
 def test_cpu_adam_compiles_here_when_a_compiler_is_present(plain: DoctorReport) -> None:
     """On this CPU machine cpu_adam is compatible and, with a compiler and ninja, ok to JIT-compile."""
     compiler, ninja = doctor._toolchain()
@@ -103,6 +109,7 @@ def test_cpu_adam_compiles_here_when_a_compiler_is_present(plain: DoctorReport) 
 # -- with a config ----------------------------------------------------------------------
 
 
+@pytest.mark.train
 def test_cpu_offload_config_needs_cpu_adam() -> None:
     """A config offloading the optimizer to CPU checks cpu_adam, saying which key needs it."""
     r = report(Config.zero(2).offload_cpu().bf16().adamw(lr=1e-4))
@@ -113,6 +120,7 @@ def test_cpu_offload_config_needs_cpu_adam() -> None:
         r.check("op async_io")
 
 
+@pytest.mark.train
 def test_nvme_config_needs_async_io() -> None:
     """NVMe offload needs async_io; where libaio is missing that is a failure with the install command."""
     r = report(Config.zero(3).offload_nvme("/local_nvme").bf16().adamw(lr=1e-4))
@@ -128,6 +136,7 @@ def test_nvme_config_needs_async_io() -> None:
         assert not r.ok
 
 
+@pytest.mark.train
 def test_precision_the_accelerator_lacks_fails() -> None:
     """fp16 (or bf16) on an accelerator that lacks it fails with the other precision as the fix."""
     from deepspeed.accelerator import get_accelerator
@@ -194,6 +203,7 @@ def test_old_deepspeed_fails_with_the_upgrade(monkeypatch: pytest.MonkeyPatch) -
     )
 
 
+@pytest.mark.train
 def test_old_transformers_warns(monkeypatch: pytest.MonkeyPatch) -> None:
     """transformers older than the oldest tested release: a warning with the upgrade (the config SDK still works)."""
     r = _faked(monkeypatch, transformers="4.40.2")
@@ -202,6 +212,7 @@ def test_old_transformers_warns(monkeypatch: pytest.MonkeyPatch) -> None:
     assert r.ok
 
 
+@pytest.mark.train
 def test_a_release_outside_the_tested_set_is_untested_not_broken(monkeypatch: pytest.MonkeyPatch) -> None:
     """A peft newer than the lock's is reported as untested, with the tested release, and is no problem."""
     r = _faked(monkeypatch, peft="99.1.0")
@@ -222,6 +233,7 @@ def test_a_known_bad_release_is_named_with_the_fix(monkeypatch: pytest.MonkeyPat
     assert not [c for c in _faked(monkeypatch, transformers="5.23.0").checks if c.name.startswith("known issue")]
 
 
+@pytest.mark.train
 def test_cpu_torch_on_a_gpu_machine_warns(monkeypatch: pytest.MonkeyPatch) -> None:
     """A CPU build of torch where an NVIDIA GPU is present: DeepSpeed would train on the CPU; say how to fix it."""
     import torch
@@ -235,6 +247,7 @@ def test_cpu_torch_on_a_gpu_machine_warns(monkeypatch: pytest.MonkeyPatch) -> No
     assert r.check("accelerator").status == "warn"
 
 
+@pytest.mark.train
 def test_missing_toolchain_fails_an_op_that_must_be_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without a compiler and ninja, an op that is not prebuilt cannot work: fail, with the install commands."""
     if doctor._prebuilt("cpu_adam", __import__("deepspeed.accelerator").accelerator.get_accelerator()):
@@ -290,9 +303,9 @@ def test_render_verdicts() -> None:
 
 
 def test_importing_doctor_is_lazy() -> None:
-    """import dsbuild.doctor imports neither torch nor deepspeed (report() does, when called)."""
+    """import dsbuild.env.doctor imports neither torch nor deepspeed (report() does, when called)."""
     script = (
-        "import sys, dsbuild.doctor\n"
+        "import sys, dsbuild.env.doctor\n"
         "print(sorted(m for m in ('torch', 'deepspeed', 'transformers') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)

@@ -14,8 +14,8 @@ from dsbuild import (
     UnknownKeyError,
     UnresolvedAutoError,
 )
+from dsbuild._util.suggest import closest, did_you_mean
 from dsbuild.errors import Problem
-from dsbuild.suggest import closest, did_you_mean
 
 
 def test_error_tree() -> None:

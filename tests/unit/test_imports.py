@@ -14,7 +14,7 @@ SCRIPT = textwrap.dedent(
     import json, sys
     import dsbuild
     from dsbuild import AUTO, Config
-    import dsbuild.config, dsbuild.convert, dsbuild.errors
+    import dsbuild.config, dsbuild.io.convert, dsbuild.errors
 
     cfg = (Config.zero(3).offload_cpu().bf16().adamw(lr=AUTO).warmup_decay_lr(warmup_steps=AUTO, total_steps=AUTO)
            .batch(micro=2, grad_accum=AUTO).clip_grad(1.0).comm_dtype("fp32").zero_options(overlap_comm=True)

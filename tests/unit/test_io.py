@@ -1,4 +1,4 @@
-"""dsbuild.io and dsbuild.files: reading and writing config files, ``extends``, and every way a file can be unusable."""
+"""dsbuild.io.config_files and dsbuild._util.safe_read: reading and writing config files, ``extends``, and every way a file can be unusable."""
 
 from __future__ import annotations
 
@@ -18,10 +18,11 @@ from types import FrameType
 
 import pytest
 
-from dsbuild import AUTO, Config, ConfigError, MissingDependencyError, PresetNotFoundError, UnknownKeyError, io
-from dsbuild.files import CONFIG_FILES, DATA_FILES, MAX_DEPTH, SizeLimit, count_records, read_text
-from dsbuild.io import merge, read_dict, read_table, write_json, write_toml
-from dsbuild.presets import preset_names
+from dsbuild import AUTO, Config, ConfigError, MissingDependencyError, PresetNotFoundError, UnknownKeyError
+from dsbuild._util.safe_read import CONFIG_FILES, DATA_FILES, MAX_DEPTH, SizeLimit, count_records, read_text
+from dsbuild.io import config_files as io
+from dsbuild.io.config_files import merge, read_dict, read_table, write_json, write_toml
+from dsbuild.io.presets import preset_names
 
 # The readers build the class they are given; the public API gives Config.
 load, read_json, read_toml, read_yaml = (

@@ -15,11 +15,11 @@ import pytest
 
 import dsbuild
 from dsbuild import Config, ConfigError, Job, Training, load_job
+from dsbuild._util.overrides import parse_set
 from dsbuild.errors import UnresolvedAutoError
-from dsbuild.hf_table import ACCELERATE_FILLED, ACCELERATE_FILLS, FILLS
 from dsbuild.interop import accelerate_config, for_accelerate, for_hf, to_yaml
 from dsbuild.job import LaunchSpec, demo_job_path, is_job, parse_device_mapping
-from dsbuild.overrides import parse_set
+from dsbuild.resolve.hf_table import ACCELERATE_FILLED, ACCELERATE_FILLS, FILLS
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_DATA = demo_job_path().parent / "arith_train.jsonl"

@@ -1,14 +1,15 @@
 """The package's import graph runs one way: no module imports a higher layer (DESIGN.md), none imports in a circle.
 
 Every import statement counts, also those inside functions and under ``TYPE_CHECKING``: a lazy import
-upward is still an arrow up. The layers are DESIGN.md's table, with the choices the code made (see
-``LAYERS``).
+upward is still an arrow up. The layers are the table of ``docs/architecture.md`` (DESIGN.md's, with the choices the
+code made), read from there so the doc and the test cannot drift.
 """
 
 from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,47 +19,26 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "dsbuild"
 
-LAYERS: tuple[tuple[str, ...], ...] = (
-    # 0: the error tree and stdlib-only helpers
-    (
-        "dsbuild.errors",
-        "dsbuild.suggest",
-        "dsbuild.atomic",
-        "dsbuild.versions",
-        "dsbuild.tested",
-        "dsbuild.version",
-        "dsbuild.overrides",
-        "dsbuild.compat",
-        "dsbuild.extras",
-        "dsbuild.manifest",
-        "dsbuild.history",
-        "dsbuild.build_locks",
-        "dsbuild.slurm",
-        "dsbuild.docstrings",
-        "dsbuild.files",
-        "dsbuild.features",
-    ),
-    # 1: the typed model and the builder (data only)
-    ("dsbuild.config",),
-    # 2: the one converter
-    ("dsbuild.convert",),
-    # 3: files and presets (presets only locate; io reads)
-    ("dsbuild.presets", "dsbuild.io"),
-    # 4: the HF fill table, the batch triangle, the training arguments
-    ("dsbuild.hf_table", "dsbuild.batch", "dsbuild.training"),
-    # 5: resolution, validation and the JSON schema
-    ("dsbuild.resolve", "dsbuild.explain", "dsbuild.validate", "dsbuild.schema"),
-    # 6: the Config façade
-    ("dsbuild.api",),
-    # 7: jobs, the hand-offs, the planner (its recommendation is a Config, so it sits above the façade)
-    ("dsbuild.job", "dsbuild.interop", "dsbuild.planner"),
-    # 8: what imports torch & co. (lazily): the Session, data, the job's model, doctor, DeepSpeed's verdict
-    ("dsbuild.session", "dsbuild.data", "dsbuild.model", "dsbuild.doctor", "dsbuild.deepspeed_verdict"),
-    # 9: the training run and process launch (no printing)
-    ("dsbuild.run", "dsbuild.plot", "dsbuild.launch", "dsbuild.ray_train", "dsbuild.output_dir", "dsbuild.demo"),
-    # 10: the command line and the package itself
-    ("dsbuild.cli", "dsbuild.__main__", "dsbuild"),
-)
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
+
+
+def _layers() -> tuple[tuple[str, ...], ...]:
+    """The floors of ``docs/architecture.md``'s table, lowest first: the one copy of the layer table."""
+    floors: list[tuple[str, ...]] = []
+    for line in ARCHITECTURE.read_text(encoding="utf-8").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].isdigit():
+            assert int(cells[0]) == len(floors), f"floors are numbered in order: {line}"
+            rooms = re.findall(r"`([\w.]+)/?`", cells[1])
+            floors.append(tuple(r if r == "dsbuild" else f"dsbuild.{r}" for r in rooms))
+    assert floors, f"no layer table in {ARCHITECTURE}"
+    return tuple(floors)
+
+
+LAYERS = _layers()
+PRIVATE_FOLDER = "_util"
+"""The one private folder: private to the package, not to a module."""
+
 
 HEAVY = ("torch", "deepspeed", "transformers", "peft", "datasets", "matplotlib", "ray")
 
@@ -109,6 +89,21 @@ def imports(module: str) -> Iterator[tuple[str, int]]:
                     yield alias.name, node.lineno
 
 
+PUBLIC_FACE = {"__init__.py", "__main__.py", "api.py", "errors.py", "interop.py", "version.py", "py.typed"}
+
+
+def test_the_package_root_is_the_public_face_and_the_rooms() -> None:
+    """``ls dsbuild`` shows the public modules and one folder per room of the table, nothing else."""
+    rooms = {m.split(".")[1] for floor in LAYERS for m in floor if m.count(".") == 1}
+    for entry in PACKAGE.iterdir():
+        if entry.name == "__pycache__":
+            continue
+        if entry.is_dir():
+            assert entry.name in rooms, f"dsbuild/{entry.name}/ is no room of docs/architecture.md"
+        else:
+            assert entry.name in PUBLIC_FACE, f"dsbuild/{entry.name} belongs in a room's folder"
+
+
 def test_every_module_is_in_a_layer() -> None:
     """A new module is placed in the layer table before it lands."""
     for module in MODULES:
@@ -153,7 +148,8 @@ def test_no_private_name_crosses_a_module() -> None:
             if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("dsbuild")):
                 names = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
                 module_parts = (node.module or "").split(".")
-                if names or any(p.startswith("_") and not p.startswith("__") for p in module_parts if p):
+                private_parts = [p for p in module_parts if p.startswith("_") and not p.startswith("__")]
+                if names or any(p != PRIVATE_FOLDER for p in private_parts):
                     crossing.append(f"{module}:{node.lineno}")
     assert not crossing
 

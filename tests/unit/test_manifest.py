@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from dsbuild import manifest
 from dsbuild.errors import CheckpointError
+from dsbuild.outputs import manifest
 
 FACTS = manifest.RunFacts(world_size=1, zero_stage=2, micro_batch=2, gradient_accumulation=1)
 

@@ -13,7 +13,7 @@ import attrs
 import pytest
 
 from dsbuild.job import DataSpec
-from dsbuild.training import Training
+from dsbuild.resolve.training import Training
 
 transformers = pytest.importorskip("transformers")
 trl = pytest.importorskip("trl", reason="trl is a test dependency (the [dev] extra)")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from dsbuild._util.overrides import parse_set
 from dsbuild.errors import ConfigError
-from dsbuild.overrides import parse_set
 
 
 @pytest.mark.parametrize(

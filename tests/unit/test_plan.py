@@ -233,6 +233,7 @@ def configs_and_counts() -> list[tuple[Any, tuple[int, int]]]:
     return [(c, _real_counts(c)) for c in _configs()]
 
 
+@pytest.mark.train
 def test_analytic_count_matches_the_real_model(configs_and_counts: list[tuple[Any, tuple[int, int]]]) -> None:
     """For every known architecture, tied and untied, the config alone gives the real numel and largest layer."""
     for config, (total, largest) in configs_and_counts:
@@ -241,6 +242,7 @@ def test_analytic_count_matches_the_real_model(configs_and_counts: list[tuple[An
         assert size.source == f"{config.model_type} config, counted analytically"
 
 
+@pytest.mark.train
 def test_shape_comes_with_the_count(configs_and_counts: list[tuple[Any, tuple[int, int]]], tmp_path: Path) -> None:
     """Hidden size, layers, heads and vocabulary come from the config: analytic, on the meta device, or a model's."""
     import transformers
@@ -257,6 +259,7 @@ def test_shape_comes_with_the_count(configs_and_counts: list[tuple[Any, tuple[in
     assert count_params(model).shape == Shape(64, 2, 4, 211)
 
 
+@pytest.mark.train
 def test_analytic_count_from_a_dict_a_json_file_and_a_directory(
     configs_and_counts: list[tuple[Any, tuple[int, int]]], tmp_path: Path
 ) -> None:
@@ -286,6 +289,7 @@ def test_llama_2_7b_counts_its_published_size() -> None:
     )
 
 
+@pytest.mark.train
 def test_defaults_for_omitted_keys_are_transformers_class_defaults() -> None:
     """What dsbuild assumes for a key a config.json leaves out is what transformers assumes."""
     import transformers
@@ -311,6 +315,7 @@ def test_defaults_for_omitted_keys_are_transformers_class_defaults() -> None:
             assert getattr(instance, key) == value, (model_type, key)
 
 
+@pytest.mark.train
 def test_unknown_architecture_is_built_on_the_meta_device(tmp_path: Path) -> None:
     """An architecture without an analytic counter is counted from a meta-device model: same numbers as real."""
     import transformers
@@ -326,6 +331,7 @@ def test_unknown_architecture_is_built_on_the_meta_device(tmp_path: Path) -> Non
         assert size.source == "opt config, built on the meta device"
 
 
+@pytest.mark.train
 def test_model_object_counts_shared_weights_once() -> None:
     """A model's tied embedding and lm_head count once, as DeepSpeed's model_to_params does."""
     import transformers
@@ -338,6 +344,7 @@ def test_model_object_counts_shared_weights_once() -> None:
     assert size.source == "model object"
 
 
+@pytest.mark.train
 def test_count_errors_name_the_key(tmp_path: Path) -> None:
     """A config missing a size, a missing file, an unknown object and an unreadable file each fail with the reason."""
     with pytest.raises(InvalidValueError, match=r"^model.hidden_size: missing from the llama config$"):

@@ -1,4 +1,4 @@
-"""dsbuild.presets and the packaged presets/*.toml: each loads, validates, and says what it is."""
+"""dsbuild.io.presets and the packaged presets/*.toml: each loads, validates, and says what it is."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import pytest
 
 import dsbuild
 from dsbuild import Config, ConfigError, PresetNotFoundError
-from dsbuild.compat import tomllib
-from dsbuild.presets import preset_names, preset_path, presets, presets_dir
+from dsbuild._util.compat import tomllib
+from dsbuild.io.presets import preset_names, preset_path, presets, presets_dir
 
 load_preset = Config.preset
 
@@ -278,4 +278,4 @@ def test_wheel_ships_the_presets(tmp_path: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     for name in EXPECTED:
         assert f"dsbuild/presets/{name}.toml" in names
-    assert "dsbuild/io.py" in names and "dsbuild/cli/__init__.py" in names
+    assert "dsbuild/io/config_files.py" in names and "dsbuild/cli/__init__.py" in names

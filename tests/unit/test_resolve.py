@@ -20,9 +20,9 @@ from dsbuild import (
     UnresolvedAutoError,
 )
 from dsbuild.config.walk import auto_paths
-from dsbuild.explain import Explanation, explain, render_explanation
-from dsbuild.resolve import model_hidden_size, resolve
-from dsbuild.training import Training
+from dsbuild.resolve.explain import Explanation, explain, render_explanation
+from dsbuild.resolve.resolution import model_hidden_size, resolve
+from dsbuild.resolve.training import Training
 
 BATCH = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1}
 """A valid batch at any world size, so rows about other keys need no training arguments."""
@@ -577,7 +577,7 @@ NOT_SET = (
 NOT_A_MULTIPLE = (
     " (use a multiple of {}, or set train_micro_batch_size_per_gpu and gradient_accumulation_steps instead)"
 )
-"""The hint of a train_batch_size that the other sizes do not divide (the same words as validate's: dsbuild.batch)."""
+"""The hint of a train_batch_size that the other sizes do not divide (the same words as validate's: dsbuild.resolve.batch)."""
 
 BAD_TRIANGLES: list[tuple[dict[str, Any], int, str]] = [
     (

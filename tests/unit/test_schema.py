@@ -15,7 +15,8 @@ from jsonschema.exceptions import best_match
 
 import dsbuild
 from dsbuild import Config, ConfigError
-from dsbuild.compat import tomllib
+from dsbuild._util.compat import tomllib
+from dsbuild._util.docstrings import attribute_docs, one_line
 from dsbuild.config import (
     PASSTHROUGH_KEYS,
     PASSTHROUGH_SCHEMAS,
@@ -27,10 +28,9 @@ from dsbuild.config import (
 )
 from dsbuild.config.fields import key_of, spec_of
 from dsbuild.config.optim import OPTIMIZER_PARAMS, SCHEDULER_PARAMS
-from dsbuild.convert import LEGACY_OFFLOAD_KEYS, REMOVED_KEYS, RENAMED_KEYS
-from dsbuild.docstrings import attribute_docs, one_line
-from dsbuild.presets import preset_path
-from dsbuild.schema import DIALECT, json_schema
+from dsbuild.io.convert import LEGACY_OFFLOAD_KEYS, REMOVED_KEYS, RENAMED_KEYS
+from dsbuild.io.presets import preset_path
+from dsbuild.io.schema import DIALECT, json_schema
 
 SCHEMA = json_schema()
 VALIDATOR = Draft202012Validator(SCHEMA)

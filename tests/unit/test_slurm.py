@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from dsbuild import launch
 from dsbuild.errors import ConfigError, InvalidValueError
-from dsbuild.launch import Nodes, nodes
-from dsbuild.slurm import MAX_HOSTS, Allocation, allocation, parse_hostlist, unplaced
+from dsbuild.run import launch
+from dsbuild.run.launch import Nodes, nodes
+from dsbuild.run.slurm import MAX_HOSTS, Allocation, allocation, parse_hostlist, unplaced
 
 # -- host lists ------------------------------------------------------------------------------
 
@@ -285,7 +285,7 @@ def test_node_values_that_cannot_work_are_usage_errors() -> None:
 
 def test_requeue_target_is_the_array_task_or_the_job() -> None:
     """--requeue asks scontrol for the array task (ARRAYJOB_TASK) of an array job, else the job; nothing outside."""
-    from dsbuild.slurm import requeue_target
+    from dsbuild.run.slurm import requeue_target
 
     assert (
         requeue_target({"SLURM_JOB_ID": "1234", "SLURM_ARRAY_JOB_ID": "1200", "SLURM_ARRAY_TASK_ID": "7"}) == "1200_7"
@@ -336,7 +336,7 @@ def test_the_launchers_of_one_elastic_run_share_the_folders_lock(tmp_path: Path)
     """Every node's launcher of an elastic run takes the output folder's lock: the first takes it, the others of the
     same run (rendezvous id) join, another run (elastic or not) is kept out; the last one out clears it."""
     from dsbuild.errors import OutputDirError
-    from dsbuild.output_dir import LOCK, lock
+    from dsbuild.outputs.run_folder import LOCK, lock
 
     with lock(tmp_path, elastic="run-a") as first:
         assert first

@@ -1,4 +1,4 @@
-"""dsbuild.tested, the table doctor reads, holds the lock's versions and pyproject.toml's lower bounds, so it cannot
+"""dsbuild.env.tested, the table doctor reads, holds the lock's versions and pyproject.toml's lower bounds, so it cannot
 drift from what was tested."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from dsbuild.compat import tomllib
-from dsbuild.tested import KNOWN_BAD, OLDEST, STACK, TESTED, known_bad, release_verdict
+from dsbuild._util.compat import tomllib
+from dsbuild.env.tested import KNOWN_BAD, OLDEST, STACK, TESTED, known_bad, release_verdict
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,8 +9,8 @@ import attrs
 import pytest
 
 from dsbuild import ConfigError, Training
-from dsbuild.tested import TESTED
-from dsbuild.training import HF_NAMES_NOT_TAKEN, NOT_TAKEN, REPORT_TO
+from dsbuild.env.tested import TESTED
+from dsbuild.resolve.training import HF_NAMES_NOT_TAKEN, NOT_TAKEN, REPORT_TO
 
 
 def test_every_hf_name_is_taken_or_named_as_not_taken() -> None:

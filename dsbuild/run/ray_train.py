@@ -20,7 +20,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from .errors import ConfigError, DsbuildError, RunStopped
+from ..errors import ConfigError, DsbuildError, RunStopped
+from ..outputs.run_folder import RunFolder
 
 __all__ = ["RUN_NAME", "refuse_earlier_run", "run_worker", "storage_path", "train"]
 
@@ -36,7 +37,7 @@ def storage_path(job: Any) -> str:
     """Where Ray keeps the run's checkpoints: ``launch.storage_path`` (a folder or a URI), else ``output_dir/ray``."""
     given = job.launch.storage_path
     if given is None:
-        return str((job.output_dir / "ray").resolve())
+        return str(RunFolder(job.output_dir).ray.resolve())
     return given if "://" in given else str(Path(given).expanduser().resolve())
 
 
@@ -172,9 +173,9 @@ def run_worker(config: Mapping[str, Any]) -> None:
     checkpoint reported to Ray, and Ray's preemption notice heeded."""
     import ray.train
 
-    from . import manifest
-    from .job import load_job
-    from .run import Hooks, run
+    from ..job import load_job
+    from ..outputs import manifest
+    from .worker import Hooks, run
 
     job = load_job(Path(config["job"]), config["sets"])
     checkpoint = ray.train.get_checkpoint()
@@ -183,7 +184,7 @@ def run_worker(config: Mapping[str, Any]) -> None:
     # Without a checkpoint of Ray's (none registered yet: Ray registers a report some time after it, and a worker
     # lost in between loses it), a restart resumes from the run's own newest verified one. A fresh run's folder
     # holds none (dsbuild train guards it), so any there were saved by an earlier attempt of this run.
-    saved = bool(manifest.candidates(Path(job.output_dir) / "checkpoints"))
+    saved = bool(manifest.candidates(RunFolder(job.output_dir).checkpoints))
     run(job, resume=config["resume"] or saved, terminate_on_nan=config["terminate_on_nan"], hooks=hooks)
 
 
@@ -197,7 +198,7 @@ def _local(checkpoint: Any, job: Any) -> Path:
     import ray.train
 
     rank = ray.train.get_context().get_world_rank()
-    here = Path(job.output_dir) / "ray-restore" / f"rank{rank}" / path.name
+    here = RunFolder(job.output_dir).ray_restore(rank) / path.name
     shutil.rmtree(here, ignore_errors=True)
     checkpoint.to_directory(str(here))
     return here
@@ -208,8 +209,8 @@ def _report(tag_dir: Path) -> None:
     of its storage (rank 0 adds the manifest and the files no rank claims); a collective of Ray's."""
     import ray.train
 
-    from . import manifest
-    from .session import distributed
+    from ..outputs import manifest
+    from ..session import distributed
 
     rank = distributed.rank()
     mine = manifest.rank_files(tag_dir, manifest.read_manifest(tag_dir), rank)

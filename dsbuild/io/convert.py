@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 import attrs
 
-from .config import (
+from ..config import (
     AUTO,
     NOT_KEYS,
     PASSTHROUGH_KEYS,
@@ -30,12 +30,12 @@ from .config import (
     ConfigFields,
     takes_null,
 )
-from .config.fields import Spec, check_value, coerce, describe, key_of, unusual
-from .config.keys import unknown_key
-from .config.misc import TensorParallel
-from .config.optim import Optimizer, Scheduler, optimizer_params_class, scheduler_params_class
-from .config.zero import ZeroOptimization
-from .errors import ConfigError, InvalidValueError, Problem, error_of
+from ..config.fields import Spec, check_value, coerce, describe, key_of, unusual
+from ..config.keys import unknown_key
+from ..config.misc import TensorParallel
+from ..config.optim import Optimizer, Scheduler, optimizer_params_class, scheduler_params_class
+from ..config.zero import ZeroOptimization
+from ..errors import ConfigError, InvalidValueError, Problem, error_of
 
 # and converter, made on first use
 __all__ = ["LEGACY_OFFLOAD_KEYS", "REMOVED_KEYS", "RENAMED_KEYS", "from_dict", "to_dict"]

@@ -17,10 +17,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .config.fields import describe
-from .errors import ConfigError, Problem
-from .job import BYTE_TOKENIZER, ModelSpec
-from .suggest import did_you_mean
+from .._util.suggest import did_you_mean
+from ..config.fields import describe
+from ..errors import ConfigError, Problem
+from ..job import BYTE_TOKENIZER, ModelSpec
 
 __all__ = ["build_tokenizer", "model_problems", "model_source"]
 

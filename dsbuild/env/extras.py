@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Final
 
-from .errors import MissingDependencyError
+from ..errors import MissingDependencyError
 
 __all__ = ["TRAIN", "missing", "require"]
 

@@ -26,9 +26,10 @@ from typing import Any, Final
 
 import attrs
 
-from .config import PASSTHROUGH_KEYS, PASSTHROUGH_SCHEMAS, ConfigFields, takes_null
-from .config.fields import Spec, key_of, spec_of
-from .config.optim import (
+from .._util.docstrings import attribute_docs, one_line
+from ..config import PASSTHROUGH_KEYS, PASSTHROUGH_SCHEMAS, ConfigFields, takes_null
+from ..config.fields import Spec, key_of, spec_of
+from ..config.optim import (
     OPTIMIZER_PARAMS,
     SCHEDULER_PARAMS,
     Optimizer,
@@ -36,10 +37,9 @@ from .config.optim import (
     optimizer_params_class,
     scheduler_params_class,
 )
-from .config.zero import ZeroOptimization
+from ..config.zero import ZeroOptimization
+from ..version import VERSION
 from .convert import LEGACY_OFFLOAD_KEYS, REMOVED_KEYS, RENAMED_KEYS
-from .docstrings import attribute_docs, one_line
-from .version import VERSION
 
 __all__ = ["DIALECT", "json_schema"]
 
@@ -53,7 +53,7 @@ def json_schema() -> dict[str, Any]:
 
 
 def _file_keys() -> dict[str, Any]:
-    """The two keys a dsbuild config file may hold besides the ds_config (``dsbuild.io`` reads and removes them)."""
+    """The two keys a dsbuild config file may hold besides the ds_config (``dsbuild.io.config_files`` reads and removes them)."""
     return {
         "description": {"type": "string", "description": "dsbuild: a one-line description of the file."},
         "extends": {

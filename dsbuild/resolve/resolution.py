@@ -43,12 +43,12 @@ from typing import Any, Final, TypeVar
 
 import attrs
 
+from ..config import AUTO, ConfigBase
+from ..config.fields import Spec, check_value
+from ..config.walk import auto_paths, leaves
+from ..errors import ConflictError, InvalidValueError, Problem, UnresolvedAutoError
+from ..io.convert import to_dict
 from .batch import Derived, Triangle, TriangleProblem, derive
-from .config import AUTO, ConfigBase
-from .config.fields import Spec, check_value
-from .config.walk import auto_paths, leaves
-from .convert import to_dict
-from .errors import ConflictError, InvalidValueError, Problem, UnresolvedAutoError
 from .hf_table import ACCELERATE_FILLS, BATCH_KEYS, FILLS, Fact, Fill, Need, fill_of
 from .training import NoneValue, Training, training_from
 

@@ -3,7 +3,7 @@
 A wheel carries them as ``dsbuild/presets/*.toml`` (hatchling's
 ``force-include``); a source checkout or editable install reads the
 top-level ``presets/`` directory instead. This module only locates them (and
-reads their one-line descriptions); ``dsbuild.io`` reads one like any other
+reads their one-line descriptions); ``dsbuild.io.config_files`` reads one like any other
 config file (``Config.preset(name)``).
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from .errors import ConfigError, PresetNotFoundError, Problem
-from .suggest import did_you_mean
+from .._util.suggest import did_you_mean
+from ..errors import ConfigError, PresetNotFoundError, Problem
 
 __all__ = ["PRESET_SUFFIX", "preset_names", "preset_path", "presets", "presets_dir"]
 
@@ -29,7 +29,7 @@ def presets_dir() -> Path | None:
     # Only a real directory will do: the readers take paths (a zipped install is not supported).
     if isinstance(packaged, Path) and packaged.is_dir():
         return packaged
-    checkout = Path(__file__).resolve().parent.parent / "presets"
+    checkout = Path(__file__).resolve().parents[2] / "presets"
     return checkout if checkout.is_dir() else None
 
 
@@ -65,7 +65,7 @@ def preset_path(name: str) -> Path:
 def _description(name: str) -> str:
     """A preset's ``description``, read without following ``extends`` or converting."""
     path = preset_path(name)
-    from .compat import tomllib
+    from .._util.compat import tomllib
 
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))

@@ -18,7 +18,7 @@ from typing import Any, Final
 
 import attrs
 
-from .errors import Problem
+from ..errors import Problem
 
 __all__ = ["ELSEWHERE", "FEATURES", "REFUSED", "TRAINED", "Feature", "refusals"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ..errors import ConfigError, Problem
 from .compat import tomllib
-from .errors import ConfigError, Problem
 
 __all__ = ["parse_set", "set_dotted"]
 

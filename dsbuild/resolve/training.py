@@ -18,9 +18,9 @@ from typing import Any, Final
 
 import attrs
 
-from .config.fields import Spec, check_value, coerce
-from .errors import InvalidValueError, Problem, error_of
-from .suggest import did_you_mean
+from .._util.suggest import did_you_mean
+from ..config.fields import Spec, check_value, coerce
+from ..errors import InvalidValueError, Problem, error_of
 
 __all__ = [
     "HF_NAMES_NOT_TAKEN",
@@ -170,6 +170,26 @@ class NoneValue:
 
     def __repr__(self) -> str:
         return "None"
+
+
+def micro_batches(samples: int, world_size: int, micro_batch: int, *, drop_last: bool) -> int:
+    """One process's micro-batches in an epoch of ``samples``: a ``DistributedSampler`` pads each rank's share to
+    ``ceil(samples / world_size)``; the last micro-batch is short, or dropped with ``dataloader_drop_last``."""
+    share = math.ceil(samples / world_size)
+    return share // micro_batch if drop_last else math.ceil(share / micro_batch)
+
+
+def optimizer_steps(micro_batches: int, accumulation: int, *, max_steps: int = -1, epochs: float = 1.0) -> int:
+    """The run's optimizer steps as the HF Trainer counts them: ``max_steps`` when above 0, else ``epochs`` of
+    ``ceil(micro_batches / accumulation)`` steps (an epoch's last step takes what is left), at least 1.
+
+    The one step count: ``Job.total_steps`` (from the data file), ``dsbuild train`` (from the tokenized data) and
+    ``Session.fit`` (from its data loader) all ask it.
+    """
+    if max_steps > 0:
+        return max_steps
+    per_epoch = max(math.ceil(micro_batches / accumulation), 1)
+    return max(math.ceil(epochs * per_epoch), 1)
 
 
 def steps_between(value: float, total_steps: int) -> int:

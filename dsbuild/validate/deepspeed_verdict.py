@@ -20,8 +20,8 @@ import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
-from .extras import require
-from .validate import Diagnostic
+from ..env.extras import require
+from . import Diagnostic
 
 __all__ = ["LABEL", "SECTIONS", "deepspeed_verdict"]
 

@@ -21,8 +21,8 @@ from typing import Any, Literal
 
 import attrs
 
+from ..config import AUTO, ConfigFields
 from .build_locks import extensions_root, stale_locks
-from .config import AUTO, ConfigFields
 from .tested import OLDEST, STACK, TESTED, known_bad, release_verdict
 from .versions import installed
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import attrs
 
-from .errors import ConfigError, Problem
+from ..errors import ConfigError, Problem
 
 __all__ = [
     "CONFIG_FILES",

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import MissingDependencyError
+from ..errors import MissingDependencyError
 from .history import read
 
 __all__ = ["plot_file", "plot_in_child", "plot_loss"]
@@ -59,7 +59,7 @@ def plot_file(history_file: Path, png: Path, title: str = "") -> Path:
 _CHILD = """
 import json, sys
 from pathlib import Path
-from dsbuild.plot import plot_file
+from dsbuild.outputs.plot import plot_file
 a = json.load(sys.stdin)
 try:
     plot_file(Path(a["history"]), Path(a["png"]), a["title"])

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from .errors import InvalidValueError, Problem
+from ..errors import InvalidValueError, Problem
 
 __all__ = ["MAX_HOSTS", "Allocation", "HostList", "allocation", "parse_hostlist", "requeue_target", "unplaced"]
 

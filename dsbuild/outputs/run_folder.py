@@ -1,4 +1,4 @@
-"""A run's output folder: what an earlier run left there, the lock that keeps a second run out, and moving an
+"""A run's output folder: the name of every path in it (``RunFolder``), what an earlier run left there, the lock that keeps a second run out, and moving an
 earlier run aside when asked to start over.
 
 ``dsbuild train`` never writes over an earlier run without being told: a folder holding one is refused
@@ -22,19 +22,90 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Final
 
-from .errors import OutputDirError
+import attrs
+
+from ..errors import OutputDirError
 from .history import HISTORY
 from .manifest import MANIFEST, candidates, read_json
 
-__all__ = ["LOCK", "RUN_FILES", "earlier_run", "lock", "move_aside"]
+__all__ = ["LOCK", "RUN_FILES", "RunFolder", "earlier_run", "lock", "move_aside"]
 
 logger = logging.getLogger("dsbuild")
 
 LOCK: Final = ".dsbuild.lock"
-EVIDENCE: Final = (HISTORY, "history.json", "checkpoints", "model", "ds_config.json", "loss.png")
+CHECKPOINTS: Final = "checkpoints"
+LOGS: Final = "logs"
+DS_CONFIG: Final = "ds_config.json"
+MODEL: Final = "model"
+LOSS_PLOT: Final = "loss.png"
+OLD_HISTORY: Final = "history.json"
+RAY: Final = "ray"
+RAY_RESTORE: Final = "ray-restore"
+
+
+@attrs.frozen
+class RunFolder:
+    """The one place that names the paths of a run's output folder (``training.output_dir``; docs/jobs.md)."""
+
+    root: Path = attrs.field(converter=Path)
+
+    @property
+    def checkpoints(self) -> Path:
+        """The checkpoints, one folder per tag, each with its manifest."""
+        return self.root / CHECKPOINTS
+
+    def checkpoint(self, tag: str) -> Path:
+        """One checkpoint's folder."""
+        return self.checkpoints / tag
+
+    @property
+    def logs(self) -> Path:
+        """The monitors' output (TensorBoard, CSV, ...) and the launcher's per-rank logs."""
+        return self.root / LOGS
+
+    def torchrun_logs(self, node: str) -> Path:
+        """torchrun's per-rank logs of one node's launcher."""
+        return self.logs / "torchrun" / node
+
+    @property
+    def ds_config(self) -> Path:
+        """The resolved config the engine ran with."""
+        return self.root / DS_CONFIG
+
+    @property
+    def model(self) -> Path:
+        """The exported model (and tokenizer) at the end of the run."""
+        return self.root / MODEL
+
+    @property
+    def history(self) -> Path:
+        """``history.jsonl``: one record per logging step and evaluation."""
+        return self.root / HISTORY
+
+    @property
+    def loss_plot(self) -> Path:
+        """The loss curve drawn at the end of the run."""
+        return self.root / LOSS_PLOT
+
+    @property
+    def ray(self) -> Path:
+        """Ray Train's checkpoint storage by default (``launch.storage_path``; docs/ray.md)."""
+        return self.root / RAY
+
+    def ray_restore(self, rank: int) -> Path:
+        """Where a Ray worker downloads Ray's checkpoint for a restart."""
+        return self.root / RAY_RESTORE / f"rank{rank}"
+
+    @property
+    def lock(self) -> Path:
+        """The lock that keeps a second run out while one is alive."""
+        return self.root / LOCK
+
+
+EVIDENCE: Final = (HISTORY, OLD_HISTORY, CHECKPOINTS, MODEL, DS_CONFIG, LOSS_PLOT)
 """What only a run that trained leaves in its output folder (``history.json`` is the older runs' history). The
 launcher's logs are not evidence: other nodes start writing theirs before node 0 has looked."""
-RUN_FILES: Final = (*EVIDENCE, "logs", "ray", "ray-restore")
+RUN_FILES: Final = (*EVIDENCE, LOGS, RAY, RAY_RESTORE)
 """What a run writes in its output folder, all moved aside by ``--overwrite`` (``ray``: Ray's checkpoint storage by
 default, ``ray-restore``: Ray's checkpoints downloaded for a restart; docs/ray.md)."""
 
@@ -45,13 +116,14 @@ def earlier_run(out: Path) -> str | None:
     if not found:
         return None
     parts = []
-    tags = [t for t in candidates(out / "checkpoints") if (out / "checkpoints" / t / MANIFEST).is_file()]
+    folder = RunFolder(out)
+    tags = [t for t in candidates(folder.checkpoints) if (folder.checkpoint(t) / MANIFEST).is_file()]
     if tags:
-        step = read_json(out / "checkpoints" / tags[0] / MANIFEST).get("global_step")
+        step = read_json(folder.checkpoint(tags[0]) / MANIFEST).get("global_step")
         parts.append(f"{len(tags)} checkpoint{'s' if len(tags) != 1 else ''}, the newest at step {step}")
-    if (out / "model").exists():
+    if folder.model.exists():
         parts.append("a saved model")
-    if (out / HISTORY).exists() or (out / "history.json").exists():
+    if folder.history.exists() or (out / OLD_HISTORY).exists():
         parts.append("a training history")
     return ", ".join(parts) or ", ".join(found)
 
@@ -90,7 +162,7 @@ def lock(out: Path, *, elastic: str | None = None) -> Iterator[bool]:
     import fcntl
 
     out.mkdir(parents=True, exist_ok=True)
-    path = out / LOCK
+    path = RunFolder(out).lock
     handle: IO[str] = open(path, "a+", encoding="utf-8")
     try:
         first = True

@@ -1,8 +1,8 @@
 """The training run of ``dsbuild train``: one process of it, reading a job file and training its model.
 
 ``dsbuild train`` runs ``run(job)`` in its own process for a one-process job, and
-starts ``python -m dsbuild.run JOB --set KEY=VALUE ... [--resume]`` on every rank
-through torchrun for more (``dsbuild.launch``). Each process:
+starts ``python -m dsbuild.run.worker JOB --set KEY=VALUE ... [--resume]`` on every rank
+through torchrun for more (``dsbuild.run.launch``). Each process:
 
 1. reads the job (the same file and ``--set`` overrides on every rank),
 2. builds the tokenizer and the data (the first rank of each node checks and tokenizes the records into
@@ -25,7 +25,6 @@ import functools
 import hashlib
 import json
 import logging
-import math
 import os
 import time
 import warnings
@@ -35,21 +34,20 @@ from typing import Any, Final
 
 import attrs
 
-from . import history
-from .data import Datasets
-from .errors import ConfigError, Problem
-from .history import read as read_history
-from .job import BYTE_TOKENIZER, Job
-from .manifest import candidates, fingerprint, read_latest, sha256_file
+from ..data import Datasets
+from ..errors import ConfigError, Problem
+from ..job import BYTE_TOKENIZER, Job
+from ..outputs import history
+from ..outputs.history import read as read_history
+from ..outputs.manifest import candidates, fingerprint, read_latest, sha256_file
+from ..outputs.plot import plot_in_child
+from ..outputs.run_folder import RunFolder
+from ..resolve.training import micro_batches, optimizer_steps, steps_between
 from .model import build_tokenizer, model_source
-from .plot import plot_in_child
-from .training import steps_between
 
 logger = logging.getLogger("dsbuild")
 
 __all__ = [
-    "HISTORY",
-    "LOSS_PLOT",
     "Hooks",
     "Prepared",
     "RunResult",
@@ -59,10 +57,6 @@ __all__ = [
     "summary_lines",
 ]
 
-HISTORY = history.HISTORY
-"""Rank 0 appends the run's history here as it trains: one record per optimizer step, one per evaluation."""
-LOSS_PLOT = "loss.png"
-"""The training (and evaluation) loss, plotted."""
 
 _QUIET = r"`torch\.distributed\.\w+` is deprecated"
 """torch warns on every step that DeepSpeed calls its old collective names; nothing a user can act on."""
@@ -70,7 +64,7 @@ _QUIET = r"`torch\.distributed\.\w+` is deprecated"
 
 @attrs.frozen
 class Hooks:
-    """What a launcher other than torchrun adds to each rank's run (Ray's backend: ``dsbuild.ray_train``)."""
+    """What a launcher other than torchrun adds to each rank's run (Ray's backend: ``dsbuild.run.ray_train``)."""
 
     restore: Path | None = None
     """A checkpoint's folder (``.../global_stepN``) to resume from, verified as ``--resume`` verifies: the
@@ -95,7 +89,7 @@ class RunResult:
 def preflight(job: Job) -> Datasets | None:
     """What can be checked before any process starts: the model config, every data record, and (with a tokenizer
     at hand: the byte one or a local one) that the data has tokens to train on. The tokenized data, when made."""
-    from .data import check, load
+    from ..data import check, load
 
     model_source(job.model)
     if job.model.tokenizer == BYTE_TOKENIZER or (job.model.tokenizer and Path(job.model.tokenizer).exists()):
@@ -115,8 +109,8 @@ def _datasets(job: Job, tokenizer: Any) -> Datasets:
     would only produce NaN losses. In a run of several processes the first process of each node loads and
     tokenizes first (into ``datasets``' cache on that node) while the others wait; they then read its cache.
     """
-    from .data import load
-    from .session import distributed
+    from ..data import load
+    from ..session import distributed
 
     several = distributed.world_size() > 1
     first_on_node = int(os.environ.get("LOCAL_RANK", "0")) == 0
@@ -202,13 +196,12 @@ def _run_steps(job: Job, samples: int, world: int, pretrained: Any) -> int:
     probe = job.config.resolve(world_size=world, training=job.training, model=pretrained, total_steps=1)
     micro, accum = probe.train_micro_batch_size_per_gpu, probe.gradient_accumulation_steps
     assert isinstance(micro, int) and isinstance(accum, int)
-    share = math.ceil(samples / world)
-    batches = share // micro if probe.dataloader_drop_last else math.ceil(share / micro)
+    batches = micro_batches(samples, world, micro, drop_last=bool(probe.dataloader_drop_last))
     if batches == 0:
         raise ConfigError(
             Problem("data.path", f"{samples} samples make no micro-batch of {micro} for each of {world} processes")
         )
-    return max(math.ceil(job.training.num_train_epochs * max(math.ceil(batches / accum), 1)), 1)
+    return optimizer_steps(batches, accum, epochs=job.training.num_train_epochs)
 
 
 # -- the run ------------------------------------------------------------------------------
@@ -228,7 +221,7 @@ def run(
     ``resume``: continue from the newest checkpoint in ``output_dir`` that verifies (``resume_from``: that
     tag). ``data``: the job's data already tokenized (by ``preflight``). The few lines worth telling (what
     was resumed, what the data lost) go to the ``dsbuild`` logger, from rank 0. Guarding the output folder
-    is the launcher's (``dsbuild.output_dir``). ``hooks``: what a launcher other than torchrun adds.
+    is the launcher's (``dsbuild.outputs.run_folder``). ``hooks``: what a launcher other than torchrun adds.
     """
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_QUIET, category=FutureWarning)
@@ -264,10 +257,10 @@ def prepare(job: Job, data: Datasets | None = None) -> Prepared:
     The model is built the job's way: from ``[model.config]`` or ``name_or_path``, inside
     ``zero.Init`` at ZeRO-3, LoRA applied, gradient checkpointing on when asked.
     """
-    from .data import collate
-    from .data.tokens import keep_trained_template
-    from .session import Session, distributed
-    from .session.building import pretrained_config
+    from ..data import collate
+    from ..data.tokens import keep_trained_template
+    from ..session import Session, distributed
+    from ..session.building import pretrained_config
 
     phase = _phase_teller(distributed.rank() == 0)
     source = model_source(job.model)
@@ -302,7 +295,7 @@ def prepare(job: Job, data: Datasets | None = None) -> Prepared:
 def _run(
     job: Job, *, resume: bool, tag: str | None, terminate_on_nan: bool, data: Datasets | None, hooks: Hooks
 ) -> RunResult:
-    from .session import distributed
+    from ..session import distributed
 
     ready = prepare(job, data)
     session = ready.session
@@ -310,7 +303,7 @@ def _run(
     session.after_save, session.save_requested = hooks.after_save, hooks.save_requested
     checkpoint = session.config.checkpoint
     if distributed.world_size() > 1 and not (checkpoint is not None and checkpoint.use_node_local_storage is True):
-        from .session.checkpoints import require_shared
+        from ..session.checkpoints import require_shared
 
         require_shared(job.output_dir)  # before training: a node-local output folder fails at the first save
     main_process = distributed.rank() == 0
@@ -323,8 +316,9 @@ def _run(
         "the first run on a machine builds its ops, which can take minutes"
     )
     resumed_from = None
-    save_dir = job.output_dir / "checkpoints"
-    history_file = job.output_dir / HISTORY
+    folder = RunFolder(job.output_dir)
+    save_dir = folder.checkpoints
+    history_file = folder.history
     if hooks.restore is not None:
         position = session.load_checkpoint(hooks.restore.parent, tag=hooks.restore.name)  # verified, as --resume
         resumed_from = position["global_step"]
@@ -361,9 +355,9 @@ def _run(
     session.save_model()  # HF format, or the LoRA adapters; collective
 
     if main_process:
-        why_not = plot_in_child(history_file, job.output_dir / LOSS_PLOT, title=_title(job))
+        why_not = plot_in_child(history_file, folder.loss_plot, title=_title(job))
         if why_not:
-            say(f"{LOSS_PLOT} not written: {why_not}")
+            say(f"{folder.loss_plot.name} not written: {why_not}")
     records = read_history(history_file) if history_file.is_file() else []
     return RunResult(history=records, resumed_from=resumed_from, output_dir=job.output_dir)
 
@@ -393,7 +387,7 @@ def _monitors(ds_config: Path) -> list[str]:
 
 
 def _title(job: Job) -> str:
-    from .session import distributed
+    from ..session import distributed
 
     name = Path(job.source).stem if job.source else "job"
     world = distributed.world_size()
@@ -407,7 +401,8 @@ def summary_lines(job: Job) -> list[str]:
     """The closing lines of ``dsbuild train``: how the loss went, and where each output is."""
     out = job.output_dir
     lines = []
-    records = read_history(out / HISTORY) if (out / HISTORY).is_file() else []
+    folder = RunFolder(out)
+    records = read_history(folder.history) if folder.history.is_file() else []
     train = [r for r in records if r.get("loss") is not None]
     evaluation = [r for r in records if r.get("eval_loss") is not None]
     if train:
@@ -419,14 +414,14 @@ def summary_lines(job: Job) -> list[str]:
         elif evaluation:
             text += f"; evaluation loss {evaluation[0]['eval_loss']:.3f} at step {evaluation[0]['step']}"
         lines.append(text)
-    latest = read_latest(out / "checkpoints") or ""
+    latest = read_latest(folder.checkpoints) or ""
     model = "LoRA adapters" if job.model.lora is not None else "HF format"
     rows = [
-        ("ds_config", out / "ds_config.json", "the resolved config the engine ran with"),
-        ("checkpoints", out / "checkpoints", f"latest: {latest}" if latest else "none saved"),
-        ("model", out / "model", model),
-        ("metrics", out / "logs", "; ".join([*_monitors(out / "ds_config.json"), HISTORY])),
-        ("loss plot", out / LOSS_PLOT, ""),
+        ("ds_config", folder.ds_config, "the resolved config the engine ran with"),
+        ("checkpoints", folder.checkpoints, f"latest: {latest}" if latest else "none saved"),
+        ("model", folder.model, model),
+        ("metrics", folder.logs, "; ".join([*_monitors(folder.ds_config), folder.history.name])),
+        ("loss plot", folder.loss_plot, ""),
     ]
     width = max(len(r[0]) for r in rows)
     for label, path, note in rows:

@@ -17,10 +17,11 @@ from typing import Final
 
 import attrs
 
+from ..errors import ConfigError, RunStopped
+from ..job import Job
+from ..outputs.manifest import last_complete
+from ..outputs.run_folder import RunFolder
 from . import slurm
-from .errors import ConfigError, RunStopped
-from .job import Job
-from .manifest import last_complete
 
 __all__ = [
     "DEFAULT_MASTER_PORT",
@@ -95,7 +96,7 @@ def nodes(
     job_nnodes: int = 1,
 ) -> Nodes:
     """This node's place in the run: each value from the first that gives it, of the command's flag (the
-    keyword arguments), the Slurm job ``env`` shows (``dsbuild.slurm.allocation``), and the job file
+    keyword arguments), the Slurm job ``env`` shows (``dsbuild.run.slurm.allocation``), and the job file
     (``launch.nnodes``; one node). ``env`` is read only where a flag leaves a node value open, so the three
     flags together run the same inside a Slurm job as outside. Several nodes without a node rank and node
     0's address, or a node rank out of range, are a ``ConfigError``; a Slurm environment that contradicts
@@ -217,7 +218,7 @@ def torchrun(
     job: Job, job_path: Path, nodes: Nodes, run_args: Sequence[str], env: dict[str, str]
 ) -> tuple[int, list[str]]:
     """Start this node's ranks with torchrun and wait; the exit code and, on failure, what the failing rank said."""
-    log_dir = job.output_dir / "logs" / "torchrun" / nodes.log_name
+    log_dir = RunFolder(job.output_dir).torchrun_logs(nodes.log_name)
     log_dir.mkdir(parents=True, exist_ok=True)
     before = {p.name for p in log_dir.iterdir()}
     command = torchrun_command(job_path, nodes, log_dir, run_args)
@@ -237,7 +238,7 @@ def torchrun(
         for number, handler in forward.items():
             signal.signal(number, handler)
     if received and code != 0:
-        saved = last_complete(job.output_dir / "checkpoints")
+        saved = last_complete(RunFolder(job.output_dir).checkpoints)
         where = f"checkpoint {job.output_dir / 'checkpoints' / saved}" if saved else "no checkpoint"
         return RunStopped.EXIT_CODE, [f"stopped by {received[0]}: {where} is the last verified one; --resume continues"]
     if code == 130:

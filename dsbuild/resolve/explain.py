@@ -7,9 +7,9 @@ from typing import Any
 
 import attrs
 
-from .config import ConfigBase
-from .config.walk import leaves
-from .convert import to_dict
+from ..config import ConfigBase
+from ..config.walk import leaves
+from ..io.convert import to_dict
 
 __all__ = ["Explanation", "explain", "render_explanation"]
 

@@ -24,13 +24,9 @@ from typing import Any, TypeVar
 
 import attrs
 
-from .atomic import write_atomic
-from .compat import tomllib
-from .config import ConfigBase, ConfigFields
-from .config.fields import describe
-from .convert import from_dict, to_dict
-from .errors import ConfigError, MissingDependencyError, PresetNotFoundError, Problem, UnknownKeyError
-from .files import (
+from .._util.atomic import write_atomic
+from .._util.compat import tomllib
+from .._util.safe_read import (
     MAX_ALIAS_VALUES,
     MAX_DEPTH,
     YAML_FILES,
@@ -39,8 +35,12 @@ from .files import (
     read_text,
     real_path,
 )
+from .._util.suggest import did_you_mean
+from ..config import ConfigBase, ConfigFields
+from ..config.fields import describe
+from ..errors import ConfigError, MissingDependencyError, PresetNotFoundError, Problem, UnknownKeyError
+from .convert import from_dict, to_dict
 from .presets import PRESET_SUFFIX, preset_names, preset_path
-from .suggest import did_you_mean
 
 __all__ = [
     "SUFFIXES",

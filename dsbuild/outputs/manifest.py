@@ -33,10 +33,10 @@ from typing import Any, Final
 
 import attrs
 
-from .atomic import write_atomic
-from .errors import CheckpointError
-from .version import VERSION
-from .versions import installed
+from .._util.atomic import write_atomic
+from ..env.versions import installed
+from ..errors import CheckpointError
+from ..version import VERSION
 
 __all__ = [
     "DIGEST",
