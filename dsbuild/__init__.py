@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from .job import Job, load_job
     from .planner import Plan, plan
     from .resolve.training import Training
+    from .run.checks import validate_job
     from .session import Session, SessionError, StepOutput
     from .validate import Diagnostic
 
@@ -56,6 +57,7 @@ __all__ = [
     "load_job",
     "plan",
     "presets",
+    "validate_job",
 ]
 
 _LAZY = {
@@ -70,6 +72,7 @@ _LAZY = {
     "plan": "planner",
     "Training": "resolve.training",
     "Diagnostic": "validate",
+    "validate_job": "run.checks",
 }
 """Names imported on first use: the Session needs torch and DeepSpeed, and the rest keeps
 ``import dsbuild`` + building a config well under a tenth of ``import deepspeed``; even ``Config`` waits for its

@@ -71,7 +71,13 @@ class DsbuildError(Exception):
 class ConfigError(DsbuildError, ValueError):
     """A config (or job, or argument) is wrong; ``problems`` lists every problem found."""
 
-    def __init__(self, problems: str | Problem | Iterable[Problem], *, source: str | None = None) -> None:
+    _CHECKS = False
+    """What ``fails_checks`` is unless the raiser says (a conflict with the training arguments always fails them)."""
+
+    def __init__(
+        self, problems: str | Problem | Iterable[Problem], *, source: str | None = None, checks: bool | None = None
+    ) -> None:
+        self._checks = self._CHECKS if checks is None else checks
         if isinstance(problems, str):
             problems = [Problem("", problems)]
         elif isinstance(problems, Problem):
@@ -88,13 +94,23 @@ class ConfigError(DsbuildError, ValueError):
         head = f"{where}{len(lines)} problems:"
         return "\n".join([head, *(f"  {line}" for line in lines)])
 
+    @property
+    def fails_checks(self) -> bool:
+        """Whether the input was read and its values fail dsbuild's checks (exit 1), rather than input that cannot be
+        read or a command used wrongly (exit 2): set by the readers of a config's and a job's values."""
+        return self._checks
+
+    def failing_checks(self) -> ConfigError:
+        """The same error, marked as values that fail their checks (``fails_checks``)."""
+        return type(self)(self.problems, source=self.source, checks=True)
+
     def prefixed(self, prefix: str) -> ConfigError:
         """The same error with every path under ``prefix`` (used while errors bubble up)."""
-        return type(self)([p.prefixed(prefix) for p in self.problems], source=self.source)
+        return type(self)([p.prefixed(prefix) for p in self.problems], source=self.source, checks=self._checks)
 
     def with_source(self, source: str) -> ConfigError:
         """The same error, naming the file it came from."""
-        return type(self)(self.problems, source=source)
+        return type(self)(self.problems, source=source, checks=self._checks)
 
 
 class UnknownKeyError(ConfigError):
@@ -107,6 +123,8 @@ class InvalidValueError(ConfigError):
 
 class ConflictError(ConfigError):
     """Explicit config values that disagree with the training arguments."""
+
+    _CHECKS = True
 
 
 class UnresolvedAutoError(ConfigError):

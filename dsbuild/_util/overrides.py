@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..errors import ConfigError, Problem
+from ..errors import ConfigError
 from .compat import tomllib
 
-__all__ = ["parse_set", "set_dotted"]
+__all__ = ["parse_set"]
 
 
 _BARE_WORD = re.compile(r"[A-Za-z0-9_./:@+-]+")
@@ -43,17 +43,3 @@ def parse_set(text: str) -> tuple[str, Any]:
     except ValueError as e:  # a number of more digits than Python converts
         raise ConfigError(f"--set {key}=...: {str(e).split(';')[0]}") from None
     return key, value
-
-
-def set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
-    """``data[a][b][c] = value`` for ``key`` ``"a.b.c"``, making (or replacing) tables on the way."""
-    parts = key.split(".")
-    if not all(parts):
-        raise ConfigError(Problem(key, "expected a dotted key such as training.learning_rate"))
-    node = data
-    for part in parts[:-1]:
-        child = node.get(part)
-        if not isinstance(child, dict):
-            child = node[part] = {}
-        node = child
-    node[parts[-1]] = value

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeAlias
 
-from ..errors import DsbuildError, NonFiniteLossError, RunStopped
+from ..errors import ConfigError, DsbuildError, NonFiniteLossError, RunStopped
 from ..version import VERSION
 from .args import Commands
 from .configs import add_explain, add_export, add_presets, add_schema, add_show, add_validate
@@ -78,7 +78,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         report(e)
         if isinstance(e, RunStopped):
             return RunStopped.EXIT_CODE  # saved and stopped on a signal: --resume continues
-        return 1 if isinstance(e, NonFiniteLossError) else 2  # a run that failed; else unusable input
+        if isinstance(e, NonFiniteLossError) or (isinstance(e, ConfigError) and e.fails_checks):
+            return 1  # a run that failed, or a config or job that fails its checks (DESIGN.md, docs/cli.md)
+        return 2  # input that cannot be read, or a command used wrongly
     except BrokenPipeError:  # pragma: no cover - `dsbuild show x | head`
         # Python would complain again when flushing stdout at exit; point it at /dev/null.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -5,25 +5,28 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 
-from .._util.overrides import parse_set, set_dotted
+from .._util import dotted
+from .._util.overrides import parse_set
 from ..api import Config
 from ..config.walk import leaves
-from ..env.extras import missing
 from ..errors import ConfigError, DsbuildError
 from ..interop import for_accelerate, with_deepspeed_scheduler
 from ..io.config_files import config_ref, read_dict, read_table, to_config
 from ..job import Job, looks_like_job, read_job_dict
 from ..resolve.resolution import model_hidden_size
 from ..resolve.training import Training
-from ..run.model import model_problems
+from ..run.checks import validate_job
 from ..validate import Diagnostic, validate
 from ..validate.deepspeed_verdict import deepspeed_verdict
+
+logger = logging.getLogger("dsbuild")
 
 __all__ = [
     "as_diagnostics",
@@ -93,54 +96,7 @@ def diagnose_job(
         job = job_in(path, data)
     except ConfigError as e:
         return as_diagnostics(e)
-    found = job.validate(world_size=world_size)
-    if missing("transformers"):
-        found.append(
-            Diagnostic("model", "warning", "not checked: transformers is not installed", "pip install 'dsbuild[train]'")
-        )
-    else:  # before launch the hub is not reached: a hub id must be in the local cache
-        problems = model_problems(job.model, hub=False)
-        found += [Diagnostic(p.path, "error", p.message, p.hint) for p in problems]
-        found += data_problems(job, tokenize=not problems)
-    if deepspeed:
-        world = world_size or job.launch.world_size
-        try:
-            config = job.resolve(world_size=world)
-        except ConfigError as e:
-            why = "; ".join(str(p) for p in e.problems)
-            found.append(
-                Diagnostic("", "warning", f"deepspeed: not asked: the config resolves only in the run ({why})")
-            )
-        else:
-            found += deepspeed_verdict(config.to_dict(), world)
-    return found
-
-
-def data_problems(job: Job, *, tokenize: bool) -> list[Diagnostic]:
-    """A job's local data checked as ``dsbuild train`` checks it before launch (a hub dataset is not fetched):
-    each bad record an error naming its file and line; with ``tokenize`` (the model is sound) also tokenized,
-    where the tokenizer is at hand, so data with nothing to train on is found here too."""
-    if missing("datasets"):
-        return [Diagnostic("data", "warning", "not checked: datasets is not installed", "pip install 'dsbuild[train]'")]
-    if not isinstance(job.data.path, Path):
-        return []
-    from ..data import check
-    from ..run.worker import preflight
-
-    try:
-        if not tokenize:
-            check(job.data)
-            return []
-        made = preflight(job)
-    except ConfigError as e:
-        where = f"{e.source}: " if e.source else ""
-        return [Diagnostic(p.path or "data.path", "error", where + p.message, p.hint) for p in e.problems]
-    if made is None:
-        return []
-    found = [Diagnostic("data.max_length", "warning", cut) for cut in made.cut]
-    if made.stop:
-        found.append(Diagnostic("data.assistant_only_loss", "warning", made.stop))
-    return found
+    return validate_job(job, world_size=world_size, deepspeed=deepspeed)
 
 
 def as_diagnostics(e: ConfigError) -> list[Diagnostic]:
@@ -199,7 +155,7 @@ def job_sets(sets: Sequence[str]) -> dict[str, object]:
 def with_sets(table: dict[str, object], sets: Sequence[str]) -> dict[str, object]:
     """A job file's table with ``--set`` applied (in place)."""
     for key, value in job_sets(sets).items():
-        set_dotted(table, key, value)
+        dotted.put(table, key, value)
     return table
 
 
@@ -285,16 +241,21 @@ def raw_with_sets(ref: str, sets: Sequence[str]) -> tuple[dict[str, Any], str, s
         source, label = str(path), f"file {path}"
         data, _ = read_dict(path)
     for key, value in overrides:
-        set_dotted(data, key, value)
+        dotted.put(data, key, value)
     return data, source, label, training
 
 
-def resolved(args: argparse.Namespace) -> Config:
-    """The config of ``args.config`` resolved with the run's facts the options give."""
+def resolved(args: argparse.Namespace, *, hf_defaults: bool = False) -> Config:
+    """The config of ``args.config`` resolved with the run's facts the options give; ``hf_defaults``: without training
+    arguments, the HF Trainer's defaults (``TrainingArguments()``), as the Trainer always has them."""
     config, overrides = load_with_sets(args.config, args.set)
+    training = _training_of(args, overrides)
+    if training is None and hf_defaults:
+        logger.info('no training arguments given: the HF Trainer\'s defaults fill the "auto" values they fill')
+        training = Training()
     return config.resolve(
         world_size=args.world_size or 1,
-        training=_training_of(args, overrides),
+        training=training,
         hidden_size=hidden_size(args),
         total_steps=args.total_steps,
     )
@@ -335,7 +296,10 @@ def _training_of(args: argparse.Namespace, overrides: Mapping[str, object]) -> T
         if isinstance(table, dict):  # a job file's [training] table
             fields = dict(table)
     fields.update(overrides)
-    return Training.from_dict(fields) if fields else None
+    try:
+        return Training.from_dict(fields) if fields else None
+    except ConfigError as e:  # read: its values fail the checks
+        raise e.failing_checks() from None
 
 
 def render(config: Config, fmt: str) -> str:

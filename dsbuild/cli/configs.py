@@ -325,7 +325,7 @@ def _explain(args: argparse.Namespace) -> int:
         no_training_file(args)
         config = resolved_job(job, args)
     else:
-        config = resolved(args)
+        config = resolved(args, hf_defaults=True)
     out(escape_lines(render_explanation(explain(config))))
     return 0
 

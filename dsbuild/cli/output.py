@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
+from typing import Any
 
 from ..errors import ConfigError, DsbuildError
 
@@ -43,12 +44,24 @@ def show_logs() -> None:
     logger = logging.getLogger("dsbuild")
     if any(getattr(h, "dsbuild_cli", False) for h in logger.handlers):
         return
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _Stderr()
     handler.setFormatter(_Escaped("dsbuild: %(message)s"))
     handler.dsbuild_cli = True  # type: ignore[attr-defined]
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     logger.propagate = False
+
+
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to ``sys.stderr`` as it is when a record comes (a test, or a caller, may have replaced it since)."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
 
 
 class _Escaped(logging.Formatter):

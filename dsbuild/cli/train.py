@@ -228,8 +228,8 @@ def _train(args: argparse.Namespace) -> int:
 
     try:
         data = run.preflight(job)  # the model config, the tokenizer and the data, before any process starts
-    except ConfigError as e:
-        raise e if e.source else e.with_source(str(path)) from None
+    except ConfigError as e:  # the model config or the data fail their checks: exit 1, as validate
+        raise (e if e.source else e.with_source(str(path))).failing_checks() from None
     resume = args.resume or args.resume_from is not None
     if backend == "ray" and job.launch.storage_path is not None and not resume:
         from ..run import ray_train

@@ -133,8 +133,8 @@ def to_config(
     (default ``"file SOURCE"``)."""
     try:
         config = from_dict(data, strict=strict, cls=cls)
-    except ConfigError as e:
-        raise e.with_source(source) from None
+    except ConfigError as e:  # the file was read: its values fail the checks
+        raise e.with_source(source).failing_checks() from None
     # ``source`` is eq=False, so evolve keeps equality with a config built in code.
     return attrs.evolve(config, source=label if label is not None else f"file {source}")
 

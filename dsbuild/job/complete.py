@@ -16,6 +16,7 @@ from typing import Any
 
 import attrs
 
+from .._util import dotted
 from ..api import Config
 from ..config.walk import leaves
 from ..errors import ConfigError, InvalidValueError, Problem
@@ -25,20 +26,11 @@ from ..resolve.training import HF_SCHEDULERS, Training
 __all__ = ["complete"]
 
 
-def _get_path(d: Mapping[str, Any], dotted: str) -> Any:
-    node: Any = d
-    for part in dotted.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return None
-        node = node[part]
-    return node
-
-
 def _taken(d: Mapping[str, Any], explicit: set[str]) -> dict[str, Any]:
     """The training arguments the config's explicit values stand for, where ``[training]`` does not set them."""
     taken: dict[str, Any] = {}
     for fill in FILLS:
-        value = _get_path(d, fill.path)
+        value = dotted.get(d, fill.path)
         if fill.takes is None or value is None or value == "auto":
             continue
         names = fill.takes if isinstance(fill.takes, tuple) else (fill.takes,)

@@ -9,7 +9,7 @@ from typing import Any, Final
 
 import attrs
 
-from .._util.overrides import set_dotted
+from .._util import dotted
 from .._util.safe_read import count_records
 from ..api import Config
 from ..errors import ConfigError, Problem
@@ -155,14 +155,7 @@ def _config_path(path: str, overrides: Mapping[str, Any] | None = None) -> str:
     above it), else ``strategy.config.KEY``."""
     if not path:
         return "strategy.config"
-    table: Any = overrides or {}
-    for part in path.split("."):
-        if not isinstance(table, Mapping):
-            break  # the overrides set a value above the key: it came from there
-        if part not in table:
-            return f"strategy.config.{path}"
-        table = table[part]
-    return f"strategy.overrides.{path}"
+    return f"strategy.overrides.{path}" if dotted.sets(overrides or {}, path) else f"strategy.config.{path}"
 
 
 def load_job(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Job:
@@ -173,7 +166,7 @@ def load_job(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Jo
     path = Path(path)
     data = read_job_dict(path)
     for key, value in (overrides or {}).items():
-        set_dotted(data, key, value)
+        dotted.put(data, key, value)
     return Job.from_dict(data, base_dir=path.parent, source=str(path), name=path.stem)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from functools import cache
 from pathlib import Path
@@ -10,6 +9,7 @@ from typing import Any, Final
 
 import attrs
 
+from .._util import dotted
 from .._util.safe_read import real_path, special_file
 from .._util.suggest import did_you_mean
 from ..api import Config
@@ -111,6 +111,8 @@ class JobReader:
         self.source = source
         self.name = name
         self.problems: list[Problem] = []
+        self.unreadable = False
+        """Whether a file the job names (``strategy.config``) could not be read: then its error is exit 2, not 1."""
 
     # -- helpers
 
@@ -210,7 +212,7 @@ class JobReader:
             except ConfigError as e:
                 self.problems.extend(e.problems)
         if self.problems or None in (model, data_spec, training_done, strategy, launch, config):
-            raise ConfigError(self.problems, source=self.source)
+            raise ConfigError(self.problems, source=self.source, checks=not self.unreadable)
         return dict(
             model=model,
             data=data_spec,
@@ -514,7 +516,7 @@ class JobReader:
             )
         except ConfigError as e:
             for p in e.problems:
-                inside = _has_path(overrides, p.path)
+                inside = dotted.sets(overrides, p.path)
                 self.problems.append(p.prefixed("strategy.overrides" if inside else "strategy.config"))
             return None
         if len(self.problems) > before:
@@ -537,6 +539,7 @@ class JobReader:
             where = f"{e.source}: " if e.source else ""
             for p in e.problems:
                 self.problem("strategy.config", f"{where}{p}")
+            self.unreadable = self.unreadable or not e.fails_checks
             return None, ""
 
     def launch(self, t: dict[str, Any]) -> LaunchSpec | None:
@@ -612,21 +615,6 @@ def _hidden_size(config: Mapping[str, Any] | None, name_or_path: str | None) -> 
         return None
     found = model_hidden_size(table)
     return found if isinstance(found, int) else None
-
-
-def _has_path(d: Mapping[str, Any], dotted: str) -> bool:
-    """Whether ``d`` sets the key at ``dotted`` (or a table above it)."""
-    node: Any = d
-    for part in re.split(r"\.|\[", dotted):
-        part = part.rstrip("]")
-        if not part:
-            continue
-        if not isinstance(node, Mapping):
-            return True  # a list item under a key the table sets
-        if part not in node:
-            return False
-        node = node[part]
-    return bool(dotted)
 
 
 @cache

@@ -87,6 +87,10 @@ class RunFacts(Protocol):
 Formula = Callable[[RunFacts], "Fact | Need"]
 
 
+TOTAL_STEPS: Final = "total_steps"
+"""``resolve``'s own argument among what the rows read (the run's optimizer steps): not a training argument."""
+
+
 @attrs.frozen
 class Fill:
     """One row: a ds key the HF Trainer fills, from what, and how."""
@@ -303,7 +307,7 @@ FILLS: Final = (
         "scheduler.params.total_num_steps",
         "the run's optimizer steps (total_steps / max_steps)",
         _total_num_steps,
-        reads=("max_steps", "total_steps"),
+        reads=("max_steps", TOTAL_STEPS),
         accelerate="DummyScheduler(total_num_steps=...) over the processes",
     ),
     Fill(

@@ -49,7 +49,7 @@ from ..config.walk import auto_paths, leaves
 from ..errors import ConflictError, InvalidValueError, Problem, UnresolvedAutoError
 from ..io.convert import to_dict
 from .batch import Derived, Triangle, TriangleProblem, derive
-from .hf_table import ACCELERATE_FILLS, BATCH_KEYS, FILLS, Fact, Fill, Need, fill_of
+from .hf_table import ACCELERATE_FILLS, BATCH_KEYS, FILLS, TOTAL_STEPS, Fact, Fill, Need, fill_of
 from .training import NoneValue, Training, training_from
 
 C = TypeVar("C", bound=ConfigBase)
@@ -60,25 +60,11 @@ __all__ = ["model_hidden_size", "resolve"]
 # -- the training arguments resolve reads ---------------------------------------
 
 _RESOLVE_READS: Final = (
-    "per_device_train_batch_size",
-    "gradient_accumulation_steps",
-    "max_grad_norm",
-    "learning_rate",
-    "adam_beta1",
-    "adam_beta2",
-    "adam_epsilon",
-    "weight_decay",
+    *dict.fromkeys(name for fill in FILLS for name in fill.arguments_read if name != TOTAL_STEPS),
     "save_on_each_node",
-    "fp16",
-    "fp16_full_eval",
-    "bf16",
-    "bf16_full_eval",
-    "warmup_steps",
-    "warmup_ratio",
-    "max_steps",
 )
-"""The arguments ``resolve`` reads: those HF's DeepSpeed integration reads, plus ``warmup_ratio`` (HF 4) and
-``max_steps`` (the run's steps when ``total_steps`` is not given)."""
+"""The arguments ``resolve`` reads: those the fill table's rows read (HF's DeepSpeed integration, plus
+``warmup_ratio`` and ``max_steps``), and ``save_on_each_node`` (``checkpoint.use_node_local_storage``, below)."""
 
 
 def _training_view(training: Any) -> Training | None:
@@ -125,7 +111,7 @@ class _Run:
         if self.training is None:
             return False
         return any(
-            self.total_steps is not None if name == "total_steps" else self.training.is_set(name)
+            self.total_steps is not None if name == TOTAL_STEPS else self.training.is_set(name)
             for name in fill.arguments_read
         )
 
@@ -361,7 +347,7 @@ def _apply_fills(res: _Resolution) -> None:
                 if res.run.sets(fill):
                     res.conflict(fill.path, value, fact)
                 else:  # the argument keeps HF's default: the config's explicit value stands, and explain says why
-                    names = [n for n in fill.arguments_read if n != "total_steps"]
+                    names = [n for n in fill.arguments_read if n != TOTAL_STEPS]
                     unset = f"argument {names[0]} was" if len(names) == 1 else f"arguments {' and '.join(names)} were"
                     res.notes[fill.path] = f"{res.source}; the training {unset} not set"
 

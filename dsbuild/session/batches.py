@@ -201,3 +201,75 @@ def as_float(value: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return out
+
+
+@attrs.frozen
+class StepOutput:
+    """What one ``Session.step`` (one micro-batch) did."""
+
+    loss: float
+    """This micro-batch's loss on this process: its mean loss, or with ``num_items_in_batch`` its summed token loss
+    over that count (its share of the optimizer step's loss, before any scaling for the processes)."""
+    boundary: bool
+    """True when this micro-batch completed a gradient-accumulation cycle and the optimizer stepped."""
+    lr: float | None
+    """Learning rate of the optimizer step this micro-batch belongs to (of the first parameter group)."""
+    grad_norm: float | None
+    """Global gradient norm of the optimizer step, at a boundary when DeepSpeed computed one; else ``None``."""
+    global_step: int
+    """Optimizer steps taken so far (after this micro-batch)."""
+
+
+def forward_loss(
+    engine: Any, batch: Any, model: Any, loss_fn: Callable[[Any, Any], Any] | None, num_items: int | None = None
+) -> Any:
+    """The loss of ``batch`` (already on the engine's device): ``loss_fn(engine, batch)``, else the model's forward on
+    the batch (checked against what the forward takes), given ``num_items_in_batch`` when counted."""
+    if loss_fn is not None:
+        return loss_of(loss_fn(engine, batch))
+    args, kwargs = forward_arguments(batch)
+    takes_batch(model, args, kwargs)
+    if num_items is not None:
+        kwargs["num_items_in_batch"] = num_items  # HF's loss: summed over tokens, divided by this count
+    return loss_of(engine(*args, **kwargs))
+
+
+def micro_step(
+    engine: Any,
+    batch: Any,
+    model: Any,
+    loss_fn: Callable[[Any, Any], Any] | None,
+    *,
+    num_items: int | None,
+    boundary: bool | None,
+    scale: int,
+) -> StepOutput:
+    """One micro-batch through ``engine`` (``Session.step``): forward, backward and DeepSpeed's step.
+
+    ``boundary`` given: this micro-batch ends the optimizer step or not, whatever DeepSpeed's count says (the HF
+    Trainer's last, shorter step of an epoch). ``num_items``: the step's trained tokens (HF's loss; the model gets
+    the count, the loss is multiplied by ``scale``, the processes sharing the count, and not divided by the
+    accumulation steps).
+    """
+    if not engine.module.training:
+        engine.train()
+    batch = to_device(batch, engine.device)
+    if boundary is None:
+        boundary = (engine.micro_steps + 1) % engine.gradient_accumulation_steps() == 0
+    engine.set_gradient_accumulation_boundary(boundary)
+    loss = forward_loss(engine, batch, model, loss_fn, num_items if loss_fn is None else None)
+    if num_items is None:
+        engine.backward(loss)
+    else:
+        engine.backward(loss * scale, scale_wrt_gas=False)
+    lrs = engine.get_lr()
+    lr = as_float(lrs[0]) if lrs else None  # the lr this optimizer step applies (the scheduler moves it after)
+    engine.step()
+    grad_norm = as_float(engine.get_global_grad_norm()) if boundary else None
+    return StepOutput(
+        loss=float(loss.detach().float()),
+        boundary=boundary,
+        lr=lr,
+        grad_norm=grad_norm,
+        global_step=int(engine.global_steps),
+    )

@@ -21,7 +21,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import attrs
 import torch
 
 from ..api import Config
@@ -29,19 +28,17 @@ from ..errors import ConfigError, Problem, SessionError, UnresolvedAutoError
 from ..outputs import history, manifest
 from ..outputs.run_folder import RunFolder
 from ..resolve.training import Training
-from ..validate.feature_table import refusals
-from . import batches, building, checkpoints, distributed, export, loop, weights_only
-from .batches import as_float, counts, forward_arguments, loss_of, takes_batch, to_device
+from . import batches, checkpoints, distributed, export, loop, weights_only
+from .batches import StepOutput, counts, forward_loss, micro_step, to_device
 from .export import lora_fingerprint, model_fingerprint
 from .setup import (
     DEFAULT_SEED,
     as_config,
-    compile_engine,
-    deepcompile_refusal,
     hf_model_or_none,
-    hf_scheduler,
+    pretrained_model,
     resolve_checked,
     seed_everything,
+    start_engine,
     with_default_monitor,
 )
 
@@ -49,23 +46,6 @@ if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
 
 __all__ = ["Session", "SessionError", "StepOutput"]
-
-
-@attrs.frozen
-class StepOutput:
-    """What one ``Session.step`` (one micro-batch) did."""
-
-    loss: float
-    """This micro-batch's loss on this process: its mean loss, or with ``num_items_in_batch`` its summed token loss
-    over that count (its share of the optimizer step's loss, before any scaling for the processes)."""
-    boundary: bool
-    """True when this micro-batch completed a gradient-accumulation cycle and the optimizer stepped."""
-    lr: float | None
-    """Learning rate of the optimizer step this micro-batch belongs to (of the first parameter group)."""
-    grad_norm: float | None
-    """Global gradient norm of the optimizer step, at a boundary when DeepSpeed computed one; else ``None``."""
-    global_step: int
-    """Optimizer steps taken so far (after this micro-batch)."""
 
 
 class Session:
@@ -192,31 +172,18 @@ class Session:
         ``tokenizer`` is a tokenizer or where to load one; it is saved with the model.
         Other keyword arguments go to ``Session``.
         """
-        training_args = Training.of(training) if training is not None else None
-        pretrained = building.pretrained_config(name_or_path_or_config)
-        # Resolved and checked against the model's config before any process group or weight exists.
-        probe, _ = resolve_checked(
+        model, tokenizer = pretrained_model(
+            name_or_path_or_config,
             as_config(config),
-            world_size=distributed.world_size(),
-            training=training_args,
-            model=pretrained,
+            Training.of(training) if training is not None else None,
+            lora=lora,
+            dtype=dtype,
+            attn_implementation=attn_implementation,
+            gradient_checkpointing=gradient_checkpointing,
+            tokenizer=tokenizer,
             hidden_size=session_kwargs.get("hidden_size"),
             total_steps=session_kwargs.get("total_steps"),
         )
-        # Same seed on every rank: the same random init everywhere (ZeRO-3 also broadcasts rank 0's).
-        seed_everything(training_args.seed if training_args is not None else DEFAULT_SEED)
-        distributed.init(training_args.ddp_timeout if training_args is not None else None)  # zero.Init partitions
-        model = building.build_model(
-            name_or_path_or_config, probe.to_dict(), dtype=dtype, attn_implementation=attn_implementation
-        )
-        if gradient_checkpointing or (training_args is not None and training_args.gradient_checkpointing):
-            building.enable_gradient_checkpointing(model, lora=lora is not None)
-        if lora is not None:
-            model = building.apply_lora(model, lora)
-        if isinstance(tokenizer, (str, os.PathLike)):
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(str(tokenizer))
         return cls(model, config, training=training, output_dir=output_dir, tokenizer=tokenizer, **session_kwargs)
 
     def _resolve(self, total_steps: int | None) -> tuple[Config, bool]:
@@ -230,46 +197,28 @@ class Session:
         )
 
     def _build_engine(self, total_steps: int | None) -> DeepSpeedEngine:
-        import deepspeed
-
         if not self._steps_known:
             # The last chance to learn the schedule's length; without it this raises naming the key.
             self._config, self._steps_known = self._resolve(total_steps)
             if not self._steps_known:
                 self._resolve_strict()
-        ds_config = self._config.to_dict()
         if self.output_dir is not None and self.is_main_process:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             self._config.to_json(RunFolder(self.output_dir).ds_config)
-        params = [p for p in self._model.parameters() if p.requires_grad]
-        if not params:
-            raise SessionError("the model has no trainable parameters (requires_grad is False everywhere)")
-        scheduler = self._lr_scheduler
         # The schedule's length, as the HF Trainer takes it: the run's declared steps (total_steps=, else
         # training.max_steps), else what fit counted; fit(max_steps=...) below that only stops early.
         steps = self.total_steps
         if steps is None and self.training is not None and self.training.max_steps > 0:
             steps = self.training.max_steps
-        if steps is None:
-            steps = total_steps
-        if scheduler is None and "scheduler" not in ds_config and self.training is not None and steps is not None:
-            # No DeepSpeed scheduler: the HF Trainer's own, from lr_scheduler_type, as the Trainer adds it.
-            scheduler = hf_scheduler(self.training, steps)
-        refused = refusals(ds_config)
-        if refused:
-            raise ConfigError(refused)
-        refusal = deepcompile_refusal(ds_config)
-        if refusal is not None:
-            raise SessionError(f"compile.deepcompile: {refusal}")
-        engine, _, _, _ = deepspeed.initialize(
-            model=self._model,
-            model_parameters=params if self._optimizer is None else None,
+        engine = start_engine(
+            self._model,
+            self._config.to_dict(),
             optimizer=self._optimizer,
-            lr_scheduler=scheduler,
-            config=ds_config,
+            scheduler=self._lr_scheduler,
+            training=self.training,
+            schedule_steps=steps if steps is not None else total_steps,
+            checkpoint_digest=self.checkpoint_digest,
         )
-        weights_only.install(engine, self.checkpoint_digest)  # DeepSpeed's files: verified, weights-only reads
-        compile_engine(engine, ds_config, self.training)
         self._engine = engine
         return engine
 
@@ -351,17 +300,6 @@ class Session:
 
     # -- one micro-batch -----------------------------------------------------------
 
-    def _forward_loss(
-        self, engine: Any, batch: Any, loss_fn: Callable[[Any, Any], Any] | None, num_items: int | None = None
-    ) -> Any:
-        if loss_fn is not None:
-            return loss_of(loss_fn(engine, batch))
-        args, kwargs = forward_arguments(batch)
-        takes_batch(self._model, args, kwargs)
-        if num_items is not None:
-            kwargs["num_items_in_batch"] = num_items  # HF's loss: summed over tokens, divided by this count
-        return loss_of(engine(*args, **kwargs))
-
     @property
     def weights_by_tokens(self) -> bool:
         """Whether ``fit`` weights the loss by the step's trained tokens (HF's ``num_items_in_batch``): the model's
@@ -407,29 +345,14 @@ class Session:
     ) -> StepOutput:
         """``step``; ``boundary`` given: this micro-batch ends the optimizer step or not, whatever DeepSpeed's count
         says (the HF Trainer's last, shorter step of an epoch)."""
-        engine = self.engine
-        if not engine.module.training:
-            engine.train()
-        batch = to_device(batch, engine.device)
-        if boundary is None:
-            boundary = (engine.micro_steps + 1) % engine.gradient_accumulation_steps() == 0
-        engine.set_gradient_accumulation_boundary(boundary)
-        loss = self._forward_loss(engine, batch, loss_fn, num_items if loss_fn is None else None)
-        if num_items is None:
-            engine.backward(loss)
-        else:
-            scale = self.world_size if self._average_tokens else 1
-            engine.backward(loss * scale, scale_wrt_gas=False)
-        lrs = engine.get_lr()
-        lr = as_float(lrs[0]) if lrs else None  # the lr this optimizer step applies (the scheduler moves it after)
-        engine.step()
-        grad_norm = as_float(engine.get_global_grad_norm()) if boundary else None
-        return StepOutput(
-            loss=float(loss.detach().float()),
+        return micro_step(
+            self.engine,
+            batch,
+            self._model,
+            loss_fn,
+            num_items=num_items,
             boundary=boundary,
-            lr=lr,
-            grad_norm=grad_norm,
-            global_step=int(engine.global_steps),
+            scale=self.world_size if self._average_tokens else 1,
         )
 
     # -- the loop ----------------------------------------------------------------------
@@ -539,7 +462,7 @@ class Session:
             with torch.no_grad():
                 for batch in loader:
                     batch = to_device(batch, engine.device)
-                    loss = self._forward_loss(engine, batch, loss_fn)
+                    loss = forward_loss(engine, batch, self._model, loss_fn)
                     n = counts(batch)[0] or 1
                     total += float(loss.float()) * n
                     count += n

@@ -13,11 +13,13 @@ import numpy as np
 import torch
 
 from ..api import Config
-from ..errors import ConfigError, Problem, UnresolvedAutoError
+from ..errors import ConfigError, Problem, SessionError, UnresolvedAutoError
 from ..io.config_files import config_ref
 from ..outputs.run_folder import RunFolder
 from ..resolve.training import REPORT_TO, Training
 from ..validate import check
+from ..validate.feature_table import refusals
+from . import building, distributed
 
 __all__ = [
     "DEFAULT_SEED",
@@ -187,3 +189,89 @@ def compile_engine(engine: Any, ds_config: Mapping[str, Any], training: Training
         engine.compile(backend=training.torch_compile_backend, compile_kwargs=kwargs)
     else:
         engine.compile(compile_kwargs=kwargs)
+
+
+def start_engine(
+    model: Any,
+    ds_config: dict[str, Any],
+    *,
+    optimizer: Any,
+    scheduler: Any,
+    training: Training | None,
+    schedule_steps: int | None,
+    checkpoint_digest: str,
+) -> Any:
+    """``deepspeed.initialize`` on the resolved ``ds_config``, after the refusals a run must not pass silently.
+
+    Without a DeepSpeed ``scheduler`` section or one given, the HF Trainer's own schedule (``lr_scheduler_type``) over
+    ``schedule_steps``. The engine reads DeepSpeed's checkpoint files through the verified weights-only loader, and
+    is compiled when ``training.torch_compile`` asks.
+    """
+    import deepspeed
+
+    from . import weights_only
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise SessionError("the model has no trainable parameters (requires_grad is False everywhere)")
+    if scheduler is None and "scheduler" not in ds_config and training is not None and schedule_steps is not None:
+        # No DeepSpeed scheduler: the HF Trainer's own, from lr_scheduler_type, as the Trainer adds it.
+        scheduler = hf_scheduler(training, schedule_steps)
+    refused = refusals(ds_config)
+    if refused:
+        raise ConfigError(refused)
+    refusal = deepcompile_refusal(ds_config)
+    if refusal is not None:
+        raise SessionError(f"compile.deepcompile: {refusal}")
+    engine, _, _, _ = deepspeed.initialize(
+        model=model,
+        model_parameters=params if optimizer is None else None,
+        optimizer=optimizer,
+        lr_scheduler=scheduler,
+        config=ds_config,
+    )
+    weights_only.install(engine, checkpoint_digest)  # DeepSpeed's files: verified, weights-only reads
+    compile_engine(engine, ds_config, training)
+    return engine
+
+
+def pretrained_model(
+    name_or_path_or_config: Any,
+    config: Config,
+    training: Training | None,
+    *,
+    lora: Any,
+    dtype: Any,
+    attn_implementation: str | None,
+    gradient_checkpointing: bool,
+    tokenizer: Any,
+    hidden_size: int | None,
+    total_steps: int | None,
+) -> tuple[Any, Any]:
+    """The model and tokenizer of ``Session.from_pretrained`` (see there), built after the config is resolved and
+    checked against the model's config, with the same seed on every rank."""
+    pretrained = building.pretrained_config(name_or_path_or_config)
+    # Resolved and checked against the model's config before any process group or weight exists.
+    probe, _ = resolve_checked(
+        config,
+        world_size=distributed.world_size(),
+        training=training,
+        model=pretrained,
+        hidden_size=hidden_size,
+        total_steps=total_steps,
+    )
+    # Same seed on every rank: the same random init everywhere (ZeRO-3 also broadcasts rank 0's).
+    seed_everything(training.seed if training is not None else DEFAULT_SEED)
+    distributed.init(training.ddp_timeout if training is not None else None)  # zero.Init partitions
+    model = building.build_model(
+        name_or_path_or_config, probe.to_dict(), dtype=dtype, attn_implementation=attn_implementation
+    )
+    if gradient_checkpointing or (training is not None and training.gradient_checkpointing):
+        building.enable_gradient_checkpointing(model, lora=lora is not None)
+    if lora is not None:
+        model = building.apply_lora(model, lora)
+    if isinstance(tokenizer, (str, os.PathLike)):
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer))
+    return model, tokenizer

@@ -115,9 +115,10 @@ def test_show_invalid_json_gives_the_line(capsys: pytest.CaptureFixture[str], ba
 
 
 def test_show_unknown_key_suggests(capsys: pytest.CaptureFixture[str], removed: Path) -> None:
-    """show reads strictly: a typo is an error with "did you mean"."""
+    """show reads strictly: a typo is an error with "did you mean", exit 1 (a read config failing its checks, as
+    ``validate`` exits), not 2 (unreadable)."""
     code, out, err = run(capsys, "show", str(removed))
-    assert (code, out) == (2, "")
+    assert (code, out) == (1, "")
     assert err == f"dsbuild: error: {removed}: gradient_clipp1ng: unknown key (did you mean 'gradient_clipping'?)\n"
 
 
@@ -474,3 +475,17 @@ def test_a_bare_word_is_a_preset_even_next_to_a_file_of_that_name(
     code, _, err = run(capsys, "show", "mine")
     assert code == 2
     assert err == "dsbuild: error: mine: cannot tell the format from no suffix (use one of .json, .toml, .yaml, .yml)\n"
+
+
+@pytest.mark.parametrize("command", ["validate", "explain", "export"])
+def test_the_commands_agree_on_a_value_that_fails_its_checks(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, command: str
+) -> None:
+    """A job read fine whose --set value fails its check is exit 1 for every command (DESIGN.md: 1 fails checks, 2
+    unreadable or bad usage); explain once exited 2 where validate exited 1."""
+    demo = Path(__file__).resolve().parents[2] / "dsbuild" / "demo" / "demo.toml"
+    extra = ["-o", str(tmp_path / "out.json")] if command == "export" else []
+    code, out, err = run(capsys, command, str(demo), *extra, "--set", "training.learning_rate=fast")
+    assert code == 1, err
+    assert "training.learning_rate: got 'fast', expected a number >= 0" in out + err
+    assert not (tmp_path / "out.json").exists()

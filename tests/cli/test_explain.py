@@ -72,3 +72,21 @@ def test_hints_name_the_options_and_model_gives_the_hidden_size(
     code, out, _ = run(capsys, *argv, "--model", str(tmp_path))
     assert code == 0
     assert origin(out, "zero_optimization.reduce_bucket_size") == "hidden_size argument 64 (hidden size²)"
+
+
+def test_without_training_arguments_the_hf_defaults_fill_what_they_fill(capsys: pytest.CaptureFixture[str]) -> None:
+    """An HF "auto" preset explained with no training arguments asks only for what HF's defaults cannot give (the
+    steps and the hidden size), as the HF Trainer, which always has its TrainingArguments' defaults."""
+    code, _, err = run(capsys, "explain", "hf_zero3")
+    assert code == 2
+    asked = [line.split(":")[2].strip() for line in err.splitlines() if line.startswith("dsbuild: error:")]
+    assert asked == [
+        "scheduler.params.total_num_steps",
+        "zero_optimization.reduce_bucket_size",
+        "zero_optimization.stage3_prefetch_bucket_size",
+        "zero_optimization.stage3_param_persistence_threshold",
+    ]
+    code, out, err = run(capsys, "explain", "hf_zero3", "--hidden-size", "64", "--total-steps", "10")
+    assert code == 0 and "the HF Trainer's defaults" in err
+    assert origin(out, "optimizer.params.lr") == "training argument learning_rate"
+    assert out.split("\n", 1)[0].split()[1] == "8"  # train_batch_size: HF's per_device_train_batch_size 8

@@ -150,11 +150,12 @@ def test_train_refuses_a_bad_job_with_one_line_per_problem(
     edit: tuple[str, str] | None,
     expected: list[str] | None,
 ) -> None:
-    """Exit 2, every problem on its own ``dsbuild: error: JOB: ...`` line, nothing on stdout, no traceback."""
+    """Exit 1 (the job fails its checks, as ``dsbuild validate`` says), every problem on its own
+    ``dsbuild: error: JOB: ...`` line, nothing on stdout, no traceback; a malformed ``--set`` is a usage error, exit 2."""
     if edit is not None:
         _edit(job, *edit)
     code, out, err = run(capsys, "train", str(job), *(f"--set={s}" for s in sets))
-    assert (code, out) == (2, "")
+    assert (code, out) == (1 if expected is not None else 2, "")
     if expected is None:  # a malformed --set
         assert (
             err == "dsbuild: error: --set 'training.max_steps': expected KEY=VALUE, e.g. training.learning_rate=2e-5\n"
@@ -180,17 +181,18 @@ def test_train_refuses_a_config_that_fails_validation(capsys: pytest.CaptureFixt
 def test_train_checks_the_model_config_and_the_data_before_starting(
     capsys: pytest.CaptureFixture[str], job: Path
 ) -> None:
-    """A misspelt model config field and a bad data record are exit 2 too, before any process or model exists."""
+    """A misspelt model config field and a bad data record are exit 1 too (they fail the checks ``validate`` makes),
+    before any process or model exists."""
     _edit(job, "hidden_size = 64", "hidden_sise = 64")
     code, out, err = run(capsys, "train", str(job))
-    assert (code, out) == (2, "")
+    assert (code, out) == (1, "")
     assert err == (
         f"dsbuild: error: {job}: model.config.hidden_sise: not a LlamaConfig field (did you mean 'hidden_size'?)\n"
     )
     _edit(job, "hidden_sise = 64", "hidden_size = 64")
     (job.parent / "train.jsonl").write_text('{"instruction": "x", "output": "y"}\n{"instruction": "x"}\n')
     code, out, err = run(capsys, "train", str(job))
-    assert (code, out) == (2, "")
+    assert (code, out) == (1, "")
     data = job.parent / "train.jsonl"
     assert err == f"dsbuild: error: {data}: line 2: field 'output': expected a string, it is missing or null\n"
 

@@ -162,3 +162,20 @@ def test_samples_cut_at_max_length_are_a_warning_with_the_length_that_keeps_them
     assert "1 of 2 training samples are cut at max_length 64 and lose their end" in line
     assert "max_length = 150 keeps them all" in line  # 149 bytes and the EOS (the byte tokenizer, as TRL calls it,
     # drops the space before "</s>")
+
+
+def test_the_library_check_is_the_command_s(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """``dsbuild.validate_job(load_job(path))`` finds what ``dsbuild validate JOB`` prints: a bad model config value
+    and a bad data record, which ``Job.validate`` (the config alone) does not see."""
+    import dsbuild
+
+    model = CONFIG.replace("hidden_size = 64", 'hidden_size = "wide"')
+    code, out = validate(capsys, tmp_path, model, data='{"text": "hello"}\n{"txt": 1}\n')
+    assert code == 1
+    job = dsbuild.load_job(tmp_path / "job.toml")
+    found = dsbuild.validate_job(job)
+    errors = [d for d in found if d.severity == "error"]
+    assert {d.path for d in errors} == {"model.config.hidden_size", "data.path"}, found
+    for d in errors:
+        assert d.message.splitlines()[0] in out
+    assert [d for d in job.validate() if d.severity == "error"] == []

@@ -36,6 +36,7 @@ def test_ruff_format_is_clean() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.slow
 def test_mypy_strict_is_clean() -> None:
     """mypy --strict accepts the package and the typed usage in tests/typing (the oldest supported Python's view)."""
     done = _run(_tool("mypy"))

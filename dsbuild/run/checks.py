@@ -1,0 +1,78 @@
+"""Everything ``dsbuild validate JOB`` checks, for a library user too: the job's config resolved for the run, the
+model config against its transformers class, the local data read, checked and tokenized as ``dsbuild train`` reads
+it before launch (a hub model must be in the local cache; a hub dataset is not fetched), and on request DeepSpeed's
+own verdict on the resolved config.
+
+``Job.validate`` checks the config only: the model and the data are read by the layers above the job (``run.model``,
+``data``), so the whole check lives here, beside what runs the job.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..env.extras import missing
+from ..errors import ConfigError
+from ..job import Job
+from ..validate import Diagnostic
+from ..validate.deepspeed_verdict import deepspeed_verdict
+from .model import model_problems
+
+__all__ = ["data_problems", "validate_job"]
+
+
+def validate_job(job: Job, *, world_size: int | None = None, deepspeed: bool = False) -> list[Diagnostic]:
+    """Every problem ``dsbuild validate JOB`` reports, errors and warnings, paths dotted from the job's tables.
+
+    ``world_size``: the run's processes (default: the job's ``[launch]``). ``deepspeed``: also DeepSpeed's own
+    parser's verdict on the resolved config (imports DeepSpeed). A package the check needs that is not installed is a
+    warning naming the ``pip install``, not an error.
+    """
+    found = job.validate(world_size=world_size)
+    if missing("transformers"):
+        found.append(
+            Diagnostic("model", "warning", "not checked: transformers is not installed", "pip install 'dsbuild[train]'")
+        )
+    else:  # before launch the hub is not reached: a hub id must be in the local cache
+        problems = model_problems(job.model, hub=False)
+        found += [Diagnostic(p.path, "error", p.message, p.hint) for p in problems]
+        found += data_problems(job, tokenize=not problems)
+    if deepspeed:
+        world = world_size or job.launch.world_size
+        try:
+            config = job.resolve(world_size=world)
+        except ConfigError as e:
+            why = "; ".join(str(p) for p in e.problems)
+            found.append(
+                Diagnostic("", "warning", f"deepspeed: not asked: the config resolves only in the run ({why})")
+            )
+        else:
+            found += deepspeed_verdict(config.to_dict(), world)
+    return found
+
+
+def data_problems(job: Job, *, tokenize: bool) -> list[Diagnostic]:
+    """A job's local data checked as ``dsbuild train`` checks it before launch (a hub dataset is not fetched):
+    each bad record an error naming its file and line; with ``tokenize`` (the model is sound) also tokenized,
+    where the tokenizer is at hand, so data with nothing to train on is found here too."""
+    if missing("datasets"):
+        return [Diagnostic("data", "warning", "not checked: datasets is not installed", "pip install 'dsbuild[train]'")]
+    if not isinstance(job.data.path, Path):
+        return []
+    from ..data import check
+    from .worker import preflight
+
+    try:
+        if not tokenize:
+            check(job.data)
+            return []
+        made = preflight(job)
+    except ConfigError as e:
+        where = f"{e.source}: " if e.source else ""
+        return [Diagnostic(p.path or "data.path", "error", where + p.message, p.hint) for p in e.problems]
+    if made is None:
+        return []
+    found = [Diagnostic("data.max_length", "warning", cut) for cut in made.cut]
+    if made.stop:
+        found.append(Diagnostic("data.assistant_only_loss", "warning", made.stop))
+    return found
