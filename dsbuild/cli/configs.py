@@ -333,21 +333,30 @@ def _explain(args: argparse.Namespace) -> int:
 def add_schema(commands: Commands) -> None:
     p = commands.add_parser(
         "schema",
-        help="the JSON Schema of a ds_config, for editors",
+        help="the JSON Schema of a ds_config (or with --job, of a job file), for editors",
         description=(
             "Print the JSON Schema (draft 2020-12) of a ds_config, generated from dsbuild's typed model: editors "
-            "use it to complete and check JSON and TOML config files (docs/schema.md says how to set them up)."
+            "use it to complete and check JSON and TOML config files (docs/schema.md says how to set them up). "
+            "--job: the schema of a job file instead ([model], [data], [training], [strategy], [launch])."
         ),
     )
     p.add_argument("-o", "--output", metavar="OUT", help="write it to OUT (atomically) instead of printing it")
+    p.add_argument("--job", action="store_true", help="the schema of a job file, not of a ds_config")
     p.set_defaults(handler=_schema)
 
 
 def _schema(args: argparse.Namespace) -> int:
     from .._util.atomic import write_atomic
-    from ..io.schema import json_schema
 
-    text = json.dumps(json_schema(), indent=2, ensure_ascii=False) + "\n"
+    if args.job:
+        from ..job.schema import job_schema
+
+        schema = job_schema()
+    else:
+        from ..io.schema import json_schema
+
+        schema = json_schema()
+    text = json.dumps(schema, indent=2, ensure_ascii=False) + "\n"
     if args.output is None:
         out(text, end="")
     else:

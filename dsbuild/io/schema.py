@@ -41,7 +41,7 @@ from ..config.zero import ZeroOptimization
 from ..version import VERSION
 from .convert import LEGACY_OFFLOAD_KEYS, REMOVED_KEYS, RENAMED_KEYS
 
-__all__ = ["DIALECT", "json_schema"]
+__all__ = ["DIALECT", "json_schema", "value_schema"]
 
 DIALECT: Final = "https://json-schema.org/draft/2020-12/schema"
 """The JSON Schema draft the schema is written in."""
@@ -50,6 +50,14 @@ DIALECT: Final = "https://json-schema.org/draft/2020-12/schema"
 def json_schema() -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of a ds_config file, JSON or TOML (a new dict on each call)."""
     return _Builder().document()
+
+
+def value_schema(spec: Spec) -> dict[str, Any]:
+    """The JSON Schema of one value a ``Spec`` takes (with ``"auto"`` where it does), outside any section."""
+    options = _Builder().values(spec, "")
+    if spec.auto:
+        options.append({"const": "auto"})
+    return options[0] if len(options) == 1 else {"anyOf": options}
 
 
 def _file_keys() -> dict[str, Any]:

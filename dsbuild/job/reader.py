@@ -27,7 +27,6 @@ from .formats import (
     DATA_SUFFIXES,
     FIELDS,
     FORMATS,
-    PACKING_STRATEGIES,
     TEMPLATE_KEYS,
     TEMPLATED_FORMATS,
     TEMPLATES,
@@ -35,11 +34,10 @@ from .formats import (
     template_problems,
 )
 from .spec import (
+    ALSO_READ,
     ATTN_IMPLEMENTATIONS,
-    BACKENDS,
     BYTE_TOKENIZER,
     BYTE_VOCAB,
-    DTYPES,
     JOB_TABLES,
     STRATEGIES,
     DataSpec,
@@ -47,6 +45,8 @@ from .spec import (
     LoraSpec,
     ModelSpec,
     StrategySpec,
+    job_keys,
+    table_keys,
 )
 
 __all__ = ["JobReader", "is_job", "looks_like_job", "read_job_dict"]
@@ -98,6 +98,9 @@ def is_job(path: str | Path) -> bool:
     except DsbuildError:  # unreadable, or YAML without PyYAML
         return False
 
+
+_FIELD_DEFAULT: Final = object()
+"""``JobReader.field``'s default: the field's own."""
 
 _BAD: Final[dict[str, Any]] = {}
 """Stands for a section that is not a table (already reported): its contents are not checked."""
@@ -154,6 +157,16 @@ class JobReader:
             self.problem(f"{path}.{key}", message)
             return default
         return value
+
+    def field(self, table: Mapping[str, Any], cls: type, name: str, path: str, default: Any = _FIELD_DEFAULT) -> Any:
+        """The key ``name`` of the table at ``path``, read as its field of ``cls`` says (``job_keys``); the field's
+        default (or ``default``) where it is absent or wrong (then a problem)."""
+        key = job_keys(cls)[name]
+        assert key.spec is not None, f"{cls.__name__}.{name} is read by hand"
+        if default is _FIELD_DEFAULT:
+            value = attrs.fields_dict(cls)[name].default
+            default = None if value is attrs.NOTHING or isinstance(value, attrs.Factory) else value  # type: ignore[arg-type]
+        return self.value(table, name, path, key.spec, default)
 
     def data_source(self, value: str, path: str, *, what: str) -> Path | str | None:
         """A data file or folder (made absolute), or a hub dataset id (kept); anything else is a problem at ``path``."""
@@ -225,18 +238,9 @@ class JobReader:
         )
 
     def model(self, t: dict[str, Any]) -> ModelSpec | None:
-        known = [
-            "name_or_path",
-            "config",
-            "tokenizer",
-            "dtype",
-            "attn_implementation",
-            "gradient_checkpointing",
-            "lora",
-        ]
-        self.unknown(t, known, "model")
+        self.unknown(t, table_keys(ModelSpec), "model")
         before = len(self.problems)
-        name = self.value(t, "name_or_path", "model", Spec("str", auto=False))
+        name = self.field(t, ModelSpec, "name_or_path", "model")
         config = self.table(t, "config", "model.config") if "config" in t else None
         if name is not None and config is not None:
             self.problem("model", "both name_or_path and [model.config] are set", "keep one")
@@ -252,7 +256,7 @@ class JobReader:
             if not isinstance(model_type, str) or not model_type:
                 got = "missing" if model_type is None else f"got {describe(model_type)}, expected a string"
                 self.problem("model.config.model_type", got, 'e.g. model_type = "llama"')
-        tokenizer = self.value(t, "tokenizer", "model", Spec("str", auto=False))
+        tokenizer = self.field(t, ModelSpec, "tokenizer", "model")
         if tokenizer is None and config is not None and name is None and "tokenizer" not in t:
             self.problem(
                 "model.tokenizer",
@@ -269,7 +273,7 @@ class JobReader:
                 )
         if tokenizer is not None and tokenizer != BYTE_TOKENIZER:
             tokenizer = self.local_or_hub(tokenizer)
-        dtype = self.value(t, "dtype", "model", Spec("choice", choices=DTYPES, auto=False))
+        dtype = self.field(t, ModelSpec, "dtype", "model")
         attn = t.get("attn_implementation")
         if attn == "fa2":  # ROLL's spelling
             attn = "flash_attention_2"
@@ -281,7 +285,7 @@ class JobReader:
                 did_you_mean(attn, ATTN_IMPLEMENTATIONS) if isinstance(attn, str) else None,
             )
             attn = None
-        checkpointing = self.value(t, "gradient_checkpointing", "model", Spec("bool", auto=False), False)
+        checkpointing = self.field(t, ModelSpec, "gradient_checkpointing", "model")
         lora = self.lora(self.table(t, "lora", "model.lora")) if "lora" in t else None
         if len(self.problems) > before:
             return None
@@ -298,17 +302,14 @@ class JobReader:
         )
 
     def lora(self, t: dict[str, Any]) -> LoraSpec | None:
-        known = ["r", "rank", "alpha", "dropout", "target_modules"]
-        self.unknown(t, known, "model.lora")
+        self.unknown(t, table_keys(LoraSpec), "model.lora")
         before = len(self.problems)
         if "r" in t and "rank" in t:
             self.problem("model.lora.rank", "both r and rank are set (the same thing)", "keep one")
         rank_key = "rank" if "rank" in t and "r" not in t else "r"
-        r = self.value(t, rank_key, "model.lora", Spec("int", gt=0, auto=False), 8)
-        alpha = self.value(t, "alpha", "model.lora", Spec("float", gt=0, auto=False), 16)
-        dropout = self.value(t, "dropout", "model.lora", Spec("float", ge=0, auto=False), 0.0)
-        if isinstance(dropout, (int, float)) and dropout >= 1:
-            self.problem("model.lora.dropout", f"got {dropout!r}, expected a number >= 0 and < 1")
+        r = self.field({"r": t[rank_key]} if rank_key in t else {}, LoraSpec, "r", "model.lora")
+        alpha = self.field(t, LoraSpec, "alpha", "model.lora")
+        dropout = self.field(t, LoraSpec, "dropout", "model.lora")
         target = t.get("target_modules")
         if isinstance(target, str) and target != "all-linear":
             target = tuple(x.strip() for x in target.split(",") if x.strip())  # ROLL's "o_proj,q_proj"
@@ -327,51 +328,28 @@ class JobReader:
         return LoraSpec(r=r, alpha=alpha, dropout=dropout, target_modules=target)
 
     def data(self, t: dict[str, Any]) -> DataSpec | None:
-        known = [
-            "path",
-            "format",
-            "max_length",
-            "eval_path",
-            "eval_split",
-            "split",
-            "template",
-            "chat_template",
-            "columns",
-            "text_field",
-            "dataset_text_field",
-            "packing",
-            "packing_strategy",
-            "padding_free",
-            "train_on_prompt",
-            "assistant_only_loss",
-            "completion_only_loss",
-            "eos_token",
-            "num_proc",
-        ]
-        self.unknown(t, known, "data")
+        self.unknown(t, table_keys(DataSpec), "data")
         before = len(self.problems)
         if "path" not in t:
             self.problem("data.path", "missing: the training records (a data file or folder, or a hub dataset id)")
         if "format" not in t:
             self.problem("data.format", f"missing: one of {', '.join(map(repr, FORMATS))}")
-        raw_path = self.value(t, "path", "data", Spec("str", auto=False))
-        fmt = self.value(t, "format", "data", Spec("choice", choices=FORMATS, auto=False))
-        max_length = self.value(t, "max_length", "data", Spec("int", ge=2, auto=False), 512)
-        raw_eval = self.value(t, "eval_path", "data", Spec("str", auto=False))
+        raw_path = self.field(t, DataSpec, "path", "data")
+        fmt = self.field(t, DataSpec, "format", "data")
+        max_length = self.field(t, DataSpec, "max_length", "data")
+        raw_eval = self.field(t, DataSpec, "eval_path", "data")
         eval_split = self.eval_split(t.get("eval_split"))
-        split = self.value(t, "split", "data", Spec("str", auto=False), "train")
+        split = self.field(t, DataSpec, "split", "data")
         template = self.prompt_template(t.get("template", "alpaca"))
-        chat_template = self.value(t, "chat_template", "data", Spec("str", auto=False))
+        chat_template = self.field(t, DataSpec, "chat_template", "data")
         columns = self.columns(t, fmt)
-        packing = self.value(t, "packing", "data", Spec("bool", auto=False), False)
-        train_on_prompt = self.value(t, "train_on_prompt", "data", Spec("bool", auto=False), False)
-        strategy = self.value(
-            t, "packing_strategy", "data", Spec("choice", choices=PACKING_STRATEGIES, auto=False), "bfd"
-        )
-        padding_free = self.value(t, "padding_free", "data", Spec("bool", auto=False), False)
-        assistant_only = self.value(t, "assistant_only_loss", "data", Spec("bool", auto=False), True)
-        completion_only = self.value(t, "completion_only_loss", "data", Spec("bool", auto=False), True)
-        eos_token = self.value(t, "eos_token", "data", Spec("str", auto=False))
+        packing = self.field(t, DataSpec, "packing", "data")
+        train_on_prompt = self.field(t, DataSpec, "train_on_prompt", "data")
+        strategy = self.field(t, DataSpec, "packing_strategy", "data")
+        padding_free = self.field(t, DataSpec, "padding_free", "data")
+        assistant_only = self.field(t, DataSpec, "assistant_only_loss", "data")
+        completion_only = self.field(t, DataSpec, "completion_only_loss", "data")
+        eos_token = self.field(t, DataSpec, "eos_token", "data")
         if train_on_prompt:
             for key in ("assistant_only_loss", "completion_only_loss"):
                 if t.get(key) is True:
@@ -382,7 +360,7 @@ class JobReader:
             self.problem("data.packing_strategy", "set, but packing is off", "set packing = true, or drop it")
         if eos_token == "":
             self.problem("data.eos_token", 'empty, expected a token (e.g. "<|im_end|>")')
-        num_proc = self.value(t, "num_proc", "data", Spec("int", ge=1, auto=False))
+        num_proc = self.field(t, DataSpec, "num_proc", "data")
         if raw_eval and eval_split is not None:
             self.problem("data.eval_split", "both eval_path and eval_split are set", "keep one")
         if chat_template is not None and fmt is not None and fmt not in TEMPLATED_FORMATS:
@@ -466,7 +444,9 @@ class JobReader:
             elif key in fields or not fields:
                 columns[key] = name
         for key in ("text_field", "dataset_text_field"):  # dsbuild's name and TRL's
-            text_field = self.value(t, key, "data", Spec("str", auto=False))
+            also = ALSO_READ[DataSpec][key]
+            assert also.spec is not None
+            text_field = self.value(t, key, "data", also.spec)
             if text_field is not None:
                 if columns.get("text", text_field) != text_field:
                     self.problem(f"data.{key}", "the text field is named twice, differently", "keep one")
@@ -481,7 +461,7 @@ class JobReader:
             return None
 
     def strategy(self, t: dict[str, Any]) -> StrategySpec | None:
-        self.unknown(t, ["name", "config", "overrides"], "strategy")
+        self.unknown(t, table_keys(StrategySpec), "strategy")
         before = len(self.problems)
         name = t.get("name", STRATEGIES[0])
         if name not in STRATEGIES:
@@ -543,26 +523,15 @@ class JobReader:
             return None, ""
 
     def launch(self, t: dict[str, Any]) -> LaunchSpec | None:
-        known = [
-            "nproc_per_node",
-            "nnodes",
-            "device_mapping",
-            "gpus_per_node",
-            "infer_batch_size",
-            "backend",
-            "max_failures",
-            "storage_path",
-        ]
-        self.unknown(t, known, "launch")
+        self.unknown(t, table_keys(LaunchSpec), "launch")
         before = len(self.problems)
-        positive = Spec("int", gt=0, auto=False)
-        nproc = self.value(t, "nproc_per_node", "launch", positive)
-        nnodes = self.value(t, "nnodes", "launch", positive, 1)
-        gpus = self.value(t, "gpus_per_node", "launch", positive)
-        infer = self.value(t, "infer_batch_size", "launch", positive)
-        backend = self.value(t, "backend", "launch", Spec("choice", choices=BACKENDS, auto=False), "torchrun")
-        failures = self.value(t, "max_failures", "launch", Spec("int", ge=-1, auto=False), 0)
-        storage = self.value(t, "storage_path", "launch", Spec("str", auto=False))
+        nproc = self.field(t, LaunchSpec, "nproc_per_node", "launch", default=None)  # None: from device_mapping
+        nnodes = self.field(t, LaunchSpec, "nnodes", "launch")
+        gpus = self.field(t, LaunchSpec, "gpus_per_node", "launch")
+        infer = self.field(t, LaunchSpec, "infer_batch_size", "launch")
+        backend = self.field(t, LaunchSpec, "backend", "launch")
+        failures = self.field(t, LaunchSpec, "max_failures", "launch")
+        storage = self.field(t, LaunchSpec, "storage_path", "launch")
         mapping: tuple[int, ...] | None = None
         if "device_mapping" in t:
             try:

@@ -1,5 +1,11 @@
 """The parts of a job: what to train (``[model]``), on what (``[data]``), how (``[strategy]``) and where
-(``[launch]``), each a frozen class the reader fills."""
+(``[launch]``), each a frozen class the reader fills.
+
+Each key a job table takes is a field with a ``Key`` in its metadata (under ``"job"``): the value's ``Spec`` (the
+reader checks it with the config's coercion policy, the JSON Schema of job files is generated from it), or a JSON
+Schema of its own for a key the reader reads by hand, and its other spellings. ``table_keys(cls)`` is what the
+reader accepts; ``job_keys(cls)`` what each key holds.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +16,11 @@ from typing import Any, Final
 import attrs
 
 from ..api import Config
-from .formats import TEMPLATES
+from ..config.fields import Spec
+from .formats import FORMATS, PACKING_STRATEGIES, TEMPLATE_KEYS, TEMPLATES
 
 __all__ = [
+    "ALSO_READ",
     "ATTN_IMPLEMENTATIONS",
     "BACKENDS",
     "BYTE_TOKENIZER",
@@ -21,10 +29,13 @@ __all__ = [
     "JOB_TABLES",
     "STRATEGIES",
     "DataSpec",
+    "Key",
     "LaunchSpec",
     "LoraSpec",
     "ModelSpec",
     "StrategySpec",
+    "job_keys",
+    "table_keys",
 ]
 
 JOB_TABLES: Final = ("model", "data", "training", "strategy", "launch")
@@ -54,16 +65,65 @@ ATTN_IMPLEMENTATIONS: Final = ("eager", "sdpa", "flash_attention_2", "flash_atte
 
 
 @attrs.frozen
+class Key:
+    """How one key of a job table is read: the metadata of the field it fills."""
+
+    spec: Spec | None = None
+    """What the value takes, checked by the reader and written into the JSON Schema; ``None``: read by hand."""
+    schema: Mapping[str, Any] | None = None
+    """The JSON Schema of a key read by hand (``spec`` is ``None``), or of a nested table (``"$ref"`` to it)."""
+    aliases: tuple[str, ...] = ()
+    """Other spellings the reader takes for the same key (``rank`` for ``r``)."""
+
+
+def _key(
+    default: Any = attrs.NOTHING,
+    spec: Spec | None = None,
+    *,
+    schema: Mapping[str, Any] | None = None,
+    aliases: tuple[str, ...] = (),
+    **field: Any,
+) -> Any:
+    """A field that is a key of its job table (``Key`` in its metadata)."""
+    return attrs.field(default=default, metadata={"job": Key(spec, schema, aliases)}, **field)
+
+
+def _typed(kind: Any, **bounds: Any) -> Spec:
+    """A key's ``Spec``: job values never take ``"auto"``."""
+    return Spec(kind, auto=False, **bounds)
+
+
+def job_keys(cls: type) -> dict[str, Key]:
+    """The keys of the job table ``cls`` reads, by name, in the order of its fields."""
+    return {a.name: a.metadata["job"] for a in attrs.fields(cls) if "job" in a.metadata}
+
+
+def table_keys(cls: type) -> list[str]:
+    """Every key the table accepts: its keys, their other spellings and the keys read into another field."""
+    keys = job_keys(cls)
+    return [*keys, *(alias for key in keys.values() for alias in key.aliases), *ALSO_READ.get(cls, {})]
+
+
+@attrs.frozen
 class LoraSpec:
     """``[model.lora]``: LoRA adapters (peft); only they are trained."""
 
-    r: int = 8
+    r: int = _key(8, _typed("int", gt=0), aliases=("rank",))
     """Rank of the adapters; default 8."""
-    alpha: float = 16
+    alpha: float = _key(16, _typed("float", gt=0))
     """Scaling numerator (``lora_alpha``); default 16."""
-    dropout: float = 0.0
+    dropout: float = _key(0.0, _typed("float", ge=0, lt=1))
     """Dropout on the adapters' input (``lora_dropout``); default 0."""
-    target_modules: tuple[str, ...] | str | None = None
+    target_modules: tuple[str, ...] | str | None = _key(
+        None,
+        schema={
+            "anyOf": [
+                {"const": "all-linear"},
+                {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1},
+                {"type": "string", "minLength": 1, "description": "module names separated by commas (ROLL's)"},
+            ]
+        },
+    )
     """Module names to adapt (``["q_proj", "v_proj"]``), ``"all-linear"``, or none for peft's default for the model."""
 
     def to_peft(self) -> dict[str, Any]:
@@ -79,19 +139,28 @@ class LoraSpec:
 class ModelSpec:
     """``[model]``: what to train."""
 
-    name_or_path: str | None = None
+    name_or_path: str | None = _key(None, _typed("str"))
     """A local model directory (absolute once read) or a hub id; ``None`` with ``config``."""
-    config: Mapping[str, Any] | None = None
+    config: Mapping[str, Any] | None = _key(
+        None,
+        schema={
+            "type": "object",
+            "properties": {"model_type": {"type": "string", "minLength": 1}},
+            "required": ["model_type"],
+        },
+    )
     """``[model.config]``: ``model_type`` and the config fields of a model built from scratch (random init)."""
-    tokenizer: str | None = None
+    tokenizer: str | None = _key(None, _typed("str"))
     """``"byte"``, a local directory or a hub id; default: ``name_or_path``'s tokenizer."""
-    dtype: str | None = None
+    dtype: str | None = _key(None, _typed("choice", choices=DTYPES))
     """Dtype the weights are loaded in (``"bf16"``, ``"fp32"``, ``"auto"``); default transformers'."""
-    attn_implementation: str | None = None
+    attn_implementation: str | None = _key(
+        None, schema={"anyOf": [{"enum": [*ATTN_IMPLEMENTATIONS, "fa2"]}, {"type": "string", "pattern": "/"}]}
+    )
     """``"sdpa"``, ``"eager"``, ``"flash_attention_2"``, ...; default transformers'."""
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = _key(False, _typed("bool"))
     """Recompute activations in the backward pass (non-reentrant)."""
-    lora: LoraSpec | None = None
+    lora: LoraSpec | None = _key(None, schema={"$ref": "#/$defs/job.model.lora"})
     """LoRA adapters; ``None`` trains every weight."""
     hidden_size: int | None = None
     """The model's hidden size when the reader could tell it without loading anything (from ``[model.config]`` or a
@@ -102,48 +171,71 @@ class ModelSpec:
 class DataSpec:
     """``[data]``: the training (and evaluation) data."""
 
-    path: Path | str
+    path: Path | str = _key(spec=_typed("str"))
     """The training records: a data file or folder (absolute once read; given relative to the job file), a folder
     written by ``datasets``' ``save_to_disk``, or a hub dataset id (``owner/name``, a ``str``)."""
-    format: str
+    format: str = _key(spec=_typed("choice", choices=FORMATS))
     """``"text"``, ``"alpaca"`` (instruction / input / output), ``"messages"`` (role / content turns),
     ``"sharegpt"`` (``conversations`` of from / value turns), ``"prompt_completion"`` (TRL's: ``prompt`` and
     ``completion`` strings, or lists of messages) or ``"tokenized"`` (``input_ids``, optionally ``labels`` and
     ``attention_mask``, taken as given)."""
-    max_length: int = 512
+    max_length: int = _key(512, _typed("int", ge=2))
     """Tokens per sample at most; longer samples are cut at the end."""
-    eval_path: Path | str | None = None
+    eval_path: Path | str | None = _key(None, _typed("str"))
     """Evaluation records in the same format (a file, folder or hub id), or none."""
-    eval_split: float | str | None = None
+    eval_split: float | str | None = _key(
+        None,
+        schema={
+            "anyOf": [
+                {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+                {"type": "string", "minLength": 1},
+            ]
+        },
+    )
     """Evaluation records from ``path`` itself: a fraction held out of it (``0.05``), or the name of one of its
     splits (``"test"``); none by default."""
-    split: str = "train"
+    split: str = _key("train", _typed("str"))
     """The split of a hub dataset or ``save_to_disk`` folder of several splits to train on."""
-    template: str | tuple[str, str] = "alpaca"
+    template: str | tuple[str, str] = _key(
+        "alpaca",
+        schema={
+            "anyOf": [
+                {"enum": list(TEMPLATES)},
+                {
+                    "type": "object",
+                    "properties": {key: {"type": "string"} for key in TEMPLATE_KEYS},
+                    "required": list(TEMPLATE_KEYS),
+                    "additionalProperties": False,
+                },
+            ]
+        },
+    )
     """Prompt template of ``"alpaca"`` records: ``"alpaca"`` (Stanford Alpaca's), ``"plain"``, or the job's own
     ``(prompt_no_input, prompt_input)``."""
-    chat_template: str | None = None
+    chat_template: str | None = _key(None, _typed("str"))
     """A Jinja chat template for ``"messages"`` / ``"sharegpt"``; default the tokenizer's, else ``FALLBACK_CHAT_TEMPLATE``."""
-    columns: Mapping[str, str] = attrs.field(factory=dict)
+    columns: Mapping[str, str] = _key(
+        schema={"type": "object", "additionalProperties": {"type": "string", "minLength": 1}}, factory=dict
+    )
     """The file's names for the format's fields (``FIELDS``), where they differ: ``{"output": "answer"}``."""
-    packing: bool = False
+    packing: bool = _key(False, _typed("bool"))
     """Put several samples into each ``max_length`` sequence (positions restart per sample; the model's attention
     keeps them apart where it supports packed sequences)."""
-    train_on_prompt: bool = False
+    train_on_prompt: bool = _key(False, _typed("bool"))
     """Take the loss on every token, prompts and user turns included (LLaMA-Factory's name): both
     ``assistant_only_loss`` and ``completion_only_loss`` off."""
-    assistant_only_loss: bool = True
+    assistant_only_loss: bool = _key(True, _typed("bool"))
     """TRL's: in conversations, the loss on the assistant's turns only (TRL's default is off; see docs/jobs.md)."""
-    completion_only_loss: bool = True
+    completion_only_loss: bool = _key(True, _typed("bool"))
     """TRL's: in prompt / completion records (and ``"alpaca"``), the loss on the completion only."""
-    packing_strategy: str = "bfd"
+    packing_strategy: str = _key("bfd", _typed("choice", choices=PACKING_STRATEGIES))
     """TRL's: ``"bfd"``, ``"bfd_split"`` or ``"wrapped"`` (``PACKING_STRATEGIES``)."""
-    padding_free: bool = False
+    padding_free: bool = _key(False, _typed("bool"))
     """TRL's: each micro-batch as one row, its samples concatenated with restarting ``position_ids``."""
-    eos_token: str | None = None
+    eos_token: str | None = _key(None, _typed("str"))
     """TRL's: the token that ends a text or completion (appended unless it ends with it); default the
     tokenizer's end-of-sequence token."""
-    num_proc: int | None = None
+    num_proc: int | None = _key(None, _typed("int", ge=1))
     """Processes tokenizing the data (``datasets``' ``map``); default one."""
 
     @property
@@ -174,13 +266,20 @@ class DataSpec:
 class StrategySpec:
     """``[strategy]``: how the model is trained; dsbuild runs ``deepspeed_train``."""
 
-    name: str
+    name: str = _key(spec=_typed("choice", choices=STRATEGIES))
     """``"deepspeed_train"``."""
-    config: Config
+    config: Config = _key(
+        schema={
+            "anyOf": [
+                {"type": "string", "minLength": 1, "description": "a preset name, or a config file next to the job"},
+                {"$ref": "#/$defs/ds_config"},
+            ]
+        }
+    )
     """The ds_config as written: the preset, file or inline table, with the overrides merged in."""
-    ref: str
+    ref: str = attrs.field(kw_only=True)
     """What ``config`` names: ``"preset zero3"``, ``"file ds.toml"`` or ``"inline table"``."""
-    overrides: Mapping[str, Any] = attrs.field(factory=dict)
+    overrides: Mapping[str, Any] = _key(schema={"$ref": "#/$defs/ds_config"}, factory=dict)
     """``[strategy.overrides]``: ds_config keys deep-merged over the config."""
 
 
@@ -188,22 +287,30 @@ class StrategySpec:
 class LaunchSpec:
     """``[launch]``: processes, nodes and devices."""
 
-    nproc_per_node: int = 1
+    nproc_per_node: int = _key(1, _typed("int", gt=0))
     """Processes per node; default 1, or ``len(device_mapping) / nnodes``."""
-    nnodes: int = 1
+    nnodes: int = _key(1, _typed("int", gt=0))
     """Nodes; default 1."""
-    device_mapping: tuple[int, ...] | None = None
+    device_mapping: tuple[int, ...] | None = _key(
+        None,
+        schema={
+            "anyOf": [
+                {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1},
+                {"type": "string", "description": "ROLL's: list(range(0, 8)), 0-7 or 0,1,2"},
+            ]
+        },
+    )
     """The run's devices, node after node (ROLL's ``device_mapping``); ``None``: the first ``nproc_per_node``."""
-    gpus_per_node: int | None = None
+    gpus_per_node: int | None = _key(None, _typed("int", gt=0))
     """Devices per machine, to turn ``device_mapping``'s global ids into a node's local ones (default: detected)."""
-    infer_batch_size: int | None = None
+    infer_batch_size: int | None = _key(None, _typed("int", gt=0))
     """Per-device batch size of evaluation (default ``training.per_device_eval_batch_size``)."""
-    backend: str = "torchrun"
+    backend: str = _key("torchrun", _typed("choice", choices=BACKENDS))
     """What starts the processes: ``"torchrun"`` (default) or ``"ray"`` (Ray Train's workers; docs/ray.md)."""
-    max_failures: int = 0
+    max_failures: int = _key(0, _typed("int", ge=-1))
     """Ray: restarts of the worker group after a worker fails, each from the last checkpoint (Ray's
     ``FailureConfig.max_failures``; -1: no limit)."""
-    storage_path: str | None = None
+    storage_path: str | None = _key(None, _typed("str"))
     """Ray: where Ray keeps the run's checkpoints, a folder or a URI (``s3://...``); default ``output_dir/ray``."""
 
     @property
@@ -223,3 +330,12 @@ class LaunchSpec:
         mine = self.device_mapping[node_rank * self.nproc_per_node : (node_rank + 1) * self.nproc_per_node]
         per_node = self.gpus_per_node or gpus_per_node
         return tuple(d % per_node for d in mine) if per_node else mine
+
+
+ALSO_READ: Final[dict[type, dict[str, Key]]] = {
+    DataSpec: {
+        "text_field": Key(_typed("str"), {"description": "the field of text records (into [data.columns] text)"}),
+        "dataset_text_field": Key(_typed("str"), {"description": "TRL's name of text_field"}),
+    },
+}
+"""Keys a table takes that fill another field (``text_field``: ``columns["text"]``)."""

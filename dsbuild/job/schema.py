@@ -1,0 +1,99 @@
+"""The JSON Schema (draft 2020-12) of a job file, generated from the same field metadata the job reader follows.
+
+Each table's keys are its spec class's fields with a ``Key`` (``spec.job_keys``): a ``Spec`` gives the type, bounds
+and choices as it does for a ds_config, a key read by hand carries its own schema, and the attribute docstring is
+the description. ``[training]`` comes from ``Training``'s metadata (the HF argument names), ``strategy.config`` and
+``[strategy.overrides]`` from the ds_config schema (``io.schema``). What it cannot say (both ``name_or_path`` and
+``[model.config]``, rules between keys, files that must exist) is ``dsbuild validate``'s.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from .._util.docstrings import attribute_docs, one_line
+from ..io.schema import DIALECT, json_schema, value_schema
+from ..resolve.training import Training
+from ..version import VERSION
+from .spec import ALSO_READ, DataSpec, LaunchSpec, LoraSpec, ModelSpec, StrategySpec, job_keys
+
+__all__ = ["job_schema"]
+
+_TABLES: dict[str, type] = {"model": ModelSpec, "data": DataSpec, "strategy": StrategySpec, "launch": LaunchSpec}
+_REQUIRED: dict[type, list[str]] = {DataSpec: ["path", "format"], StrategySpec: ["config"]}
+
+
+def job_schema() -> dict[str, Any]:
+    """The JSON Schema of a job file, TOML or JSON (a new dict on each call)."""
+    ds_config = json_schema()
+    defs: dict[str, Any] = ds_config.pop("$defs")
+    ds_config.pop("$schema")
+    defs["ds_config"] = ds_config
+    defs["job.model.lora"] = _table(LoraSpec)
+    properties: dict[str, Any] = {
+        "description": {"type": "string", "description": "A one-line description of the job."},
+        "training": _training(),
+    }
+    for name, cls in _TABLES.items():
+        properties[name] = _table(cls)
+    model = properties["model"]
+    model["anyOf"] = [{"required": ["name_or_path"]}, {"required": ["config"]}]
+    return {
+        "$schema": DIALECT,
+        "title": "dsbuild job file",
+        "description": f"A training job as dsbuild {VERSION} reads it (docs/jobs.md), generated from its spec classes "
+        "(rules between keys, and the files it names, are `dsbuild validate`'s).",
+        "type": "object",
+        "properties": {
+            key: properties[key] for key in ("description", "model", "data", "training", "strategy", "launch")
+        },
+        "required": ["model", "data", "training", "strategy"],
+        "additionalProperties": False,
+        "$defs": defs,
+    }
+
+
+def _table(cls: type) -> dict[str, Any]:
+    """The object schema of the job table ``cls`` reads: its keys, their other spellings, nothing else."""
+    docs = attribute_docs(cls)
+    properties: dict[str, Any] = {}
+    for name, key in job_keys(cls).items():
+        schema = dict(value_schema(key.spec)) if key.spec is not None else dict(key.schema or {})
+        doc = one_line(docs.get(name))
+        if doc and "$ref" not in schema:
+            schema["description"] = doc
+        properties[name] = schema
+        for alias in key.aliases:
+            properties[alias] = {**schema, "description": f"The same as {name}."}
+    for name, key in ALSO_READ.get(cls, {}).items():
+        assert key.spec is not None
+        properties[name] = {**value_schema(key.spec), **(key.schema or {})}
+    table: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": False}
+    if cls.__doc__:
+        table["description"] = one_line(cls.__doc__)
+    if cls in _REQUIRED:
+        table["required"] = _REQUIRED[cls]
+    return table
+
+
+def _training() -> dict[str, Any]:
+    """``[training]``: the HF Trainer's argument names dsbuild takes, each as ``Training`` checks it."""
+    docs = attribute_docs(Training)
+    properties: dict[str, Any] = {}
+    for a in attrs.fields(Training):
+        if "training" not in a.metadata:
+            continue
+        spec, optional = a.metadata["training"]
+        schema = value_schema(spec)
+        if optional:
+            schema = {"anyOf": [schema, {"type": "null"}]}
+        doc = one_line(docs.get(a.name))
+        properties[a.name] = {**schema, "description": doc} if doc else schema
+    return {
+        "type": "object",
+        "description": "The HF Trainer's training arguments, by their names (TrainingArguments).",
+        "properties": properties,
+        "additionalProperties": False,
+    }
