@@ -12,7 +12,11 @@ __all__ = ["collate"]
 
 
 def collate(
-    samples: Sequence[Mapping[str, Sequence[int]]], pad_token_id: int = 0, *, padding_free: bool = False
+    samples: Sequence[Mapping[str, Sequence[int]]],
+    pad_token_id: int = 0,
+    *,
+    padding_free: bool = False,
+    pad_to_multiple_of: int = 1,
 ) -> dict[str, Any]:
     """A batch of tensors: ids padded on the right to the longest sample, padding masked out and left out of the loss.
 
@@ -22,6 +26,9 @@ def collate(
 
     ``padding_free`` (TRL's): the batch as one row, its samples concatenated with restarting positions and the
     first label of each sample ``-100`` (as TRL's collator does), no padding and no attention mask.
+
+    ``pad_to_multiple_of``: the sequence length rounded up to a multiple of it (sequence parallelism cuts each
+    sequence into that many shards); the padding is a sample of its own in a padding-free row.
     """
     import torch
 
@@ -35,6 +42,10 @@ def collate(
             ids_list += s["input_ids"]
             label_list += [IGNORE_INDEX if p == 0 else label for p, label in zip(starts, s["labels"], strict=True)]
             position_list += starts
+        extra = -len(ids_list) % pad_to_multiple_of
+        ids_list += [pad_token_id] * extra
+        label_list += [IGNORE_INDEX] * extra
+        position_list += list(range(extra))
         return {
             "input_ids": torch.tensor([ids_list], dtype=torch.long),
             "labels": torch.tensor([label_list], dtype=torch.long),
@@ -42,6 +53,7 @@ def collate(
             "use_cache": False,
         }
     longest = max(len(s["input_ids"]) for s in samples)
+    longest += -longest % pad_to_multiple_of
     ids = torch.full((len(samples), longest), pad_token_id, dtype=torch.long)
     labels = torch.full((len(samples), longest), IGNORE_INDEX, dtype=torch.long)
     mask = torch.zeros((len(samples), longest), dtype=torch.long)

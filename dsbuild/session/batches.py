@@ -228,6 +228,9 @@ def forward_loss(
     if loss_fn is not None:
         return loss_of(loss_fn(engine, batch))
     args, kwargs = forward_arguments(batch)
+    if "shift_labels" in kwargs and "labels" not in kwargs:
+        # Pre-shifted labels (a sequence-parallel shard's): the HF loss takes them as they are, given labels at all.
+        kwargs["labels"] = kwargs["shift_labels"]
     takes_batch(model, args, kwargs)
     if num_items is not None:
         kwargs["num_items_in_batch"] = num_items  # HF's loss: summed over tokens, divided by this count

@@ -53,6 +53,8 @@ class Trainable(Protocol):
     @property
     def weights_by_tokens(self) -> bool: ...
     @property
+    def sequence_parallel_size(self) -> int: ...
+    @property
     def world_size(self) -> int: ...
     def items_in_step(self, micro_batches: Any) -> int | None: ...
     def _step(self, batch: Any, loss_fn: Any, num_items: int | None, boundary: bool | None) -> Any: ...
@@ -121,6 +123,11 @@ def fit(
     run_started, first_step = time.perf_counter(), engine.global_steps
     stop = _StopSignals()  # SIGTERM / SIGUSR1: an agreed checkpoint at the next step, then RunStopped
     by_tokens = loss_fn is None and session.weights_by_tokens
+    if session.sequence_parallel_size > 1 and not by_tokens:
+        raise SessionError(
+            "sequence parallelism trains with the token-weighted loss (each rank's shard weighs by its trained tokens): "
+            "it needs a model whose forward takes num_items_in_batch (an HF causal LM) and no loss_fn"
+        )
     average = training.average_tokens_across_devices if training is not None else True
     started = time.perf_counter()
     try:

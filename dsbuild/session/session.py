@@ -28,7 +28,7 @@ from ..errors import ConfigError, Problem, SessionError, UnresolvedAutoError
 from ..outputs import history, manifest
 from ..outputs.run_folder import RunFolder
 from ..resolve.training import Training
-from . import batches, checkpoints, distributed, export, loop, weights_only
+from . import batches, checkpoints, distributed, export, loop, sequence, weights_only
 from .batches import StepOutput, counts, forward_loss, micro_step, to_device
 from .export import lora_fingerprint, model_fingerprint
 from .setup import (
@@ -132,6 +132,11 @@ class Session:
         if self.training is not None:
             seed_everything(self.training.seed)
 
+        if self.sequence_parallel_size > 1 and not self._average_tokens:
+            raise SessionError(
+                "training.average_tokens_across_devices = false: sequence parallelism counts a step's trained tokens "
+                "over every process (a group's shards are one sample's); leave it true"
+            )
         distributed.init(self.training.ddp_timeout if self.training is not None else None)
         self._engine: DeepSpeedEngine | None = None
         # Where training is in the data: the epoch, the micro-batches of it consumed, and the torch RNG
@@ -320,6 +325,18 @@ class Session:
         return total
 
     @property
+    def _loss_scale(self) -> int:
+        """What a token-weighted micro-batch loss is multiplied by before DeepSpeed's backward: the processes that
+        counted the step's tokens together, over those DeepSpeed averages gradients across (the HF Trainer's
+        ``num_processes`` factor). DeepSpeed 0.19.8 reduces a sequence-parallel group's gradients two ways: ZeRO-3
+        averages them over every rank, ZeRO 0-2 sum them over the group and average over the data-parallel ranks
+        (tests/integration/test_sequence_parallel.py holds both to the 1-process run)."""
+        if not self._average_tokens:
+            return 1
+        sp = self.sequence_parallel_size
+        return self.world_size if sp == 1 or self.run_facts.zero_stage == 3 else self.world_size // sp
+
+    @property
     def _average_tokens(self) -> bool:
         return self.training.average_tokens_across_devices if self.training is not None else True
 
@@ -352,7 +369,7 @@ class Session:
             loss_fn,
             num_items=num_items,
             boundary=boundary,
-            scale=self.world_size if self._average_tokens else 1,
+            scale=self._loss_scale,
         )
 
     # -- the loop ----------------------------------------------------------------------
@@ -405,8 +422,9 @@ class Session:
     def data_loader(
         self, data: Any, batch_size: int, *, shuffle: bool, collate_fn: Callable[[list[Any]], Any] | None = None
     ) -> Any:
-        """``data`` itself when it is a DataLoader; else a DataLoader over this rank's share of it."""
-        return batches.loader(
+        """``data`` itself when it is a DataLoader; else a DataLoader over this rank's share of it. With sequence
+        parallelism, the micro-batches of the ranks of this rank's group, each cut to this rank's shard."""
+        loader = batches.loader(
             data,
             batch_size,
             world_size=self.world_size,
@@ -417,6 +435,15 @@ class Session:
             collate_fn=collate_fn,
             num_workers=self.training.dataloader_num_workers if self.training is not None else 0,
         )
+        sp = self.sequence_parallel_size
+        if sp == 1:
+            return loader
+        return sequence.SequenceShards(loader, sp, self.micro_batch_size, lambda: self.engine.device)
+
+    @property
+    def sequence_parallel_size(self) -> int:
+        """The run's Ulysses sequence-parallel degree (1: none; docs/session.md)."""
+        return sequence.degree({"sequence_parallel_size": self._config.sequence_parallel_size})
 
     def write_events(self, prefix: str, record: Mapping[str, Any]) -> None:
         """Metrics to DeepSpeed's monitors (CSV, TensorBoard, W&B, Comet: whatever the config enables)."""
@@ -454,7 +481,9 @@ class Session:
         appended to ``history.jsonl`` with the step.
         """
         engine = self.engine
-        loader = self.data_loader(data, batch_size or self.infer_batch_size, shuffle=False, collate_fn=collate_fn)
+        # Sequence parallelism: DeepSpeed's attention is built for the micro-batch size, so evaluation batches are no larger.
+        size = self.micro_batch_size if self.sequence_parallel_size > 1 else batch_size or self.infer_batch_size
+        loader = self.data_loader(data, size, shuffle=False, collate_fn=collate_fn)
         was_training = engine.module.training
         engine.eval()
         total, count = 0.0, 0.0
@@ -464,6 +493,8 @@ class Session:
                     batch = to_device(batch, engine.device)
                     loss = forward_loss(engine, batch, self._model, loss_fn)
                     n = counts(batch)[0] or 1
+                    if self.sequence_parallel_size > 1:  # this rank's shard: the batch's loss is its group's
+                        loss, n = sequence.whole_batch_loss(loss, batch, loader.samples)
                     total += float(loss.float()) * n
                     count += n
         finally:

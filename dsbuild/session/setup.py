@@ -19,7 +19,7 @@ from ..outputs.run_folder import RunFolder
 from ..resolve.training import REPORT_TO, Training
 from ..validate import check
 from ..validate.feature_table import refusals
-from . import building, distributed
+from . import building, distributed, sequence
 
 __all__ = [
     "DEFAULT_SEED",
@@ -223,12 +223,20 @@ def start_engine(
     refusal = deepcompile_refusal(ds_config)
     if refusal is not None:
         raise SessionError(f"compile.deepcompile: {refusal}")
+    sp = sequence.degree(ds_config)
+    micro = ds_config.get("train_micro_batch_size_per_gpu")
+    mpu = (
+        sequence.register(model, sp, micro if isinstance(micro, int) else 1, distributed.world_size())
+        if sp > 1
+        else None
+    )
     engine, _, _, _ = deepspeed.initialize(
         model=model,
         model_parameters=params if optimizer is None else None,
         optimizer=optimizer,
         lr_scheduler=scheduler,
         config=ds_config,
+        mpu=mpu,
     )
     weights_only.install(engine, checkpoint_digest)  # DeepSpeed's files: verified, weights-only reads
     compile_engine(engine, ds_config, training)

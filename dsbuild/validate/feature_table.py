@@ -58,6 +58,11 @@ _SMOKE = "dsbuild train JOB --set strategy.overrides."
 
 FEATURES: Final[dict[str, Feature]] = {
     # -- trained here -------------------------------------------------------------------------------------------
+    "sequence_parallel_size": Feature(
+        TRAINED,
+        "Ulysses (DeepSpeed's UlyssesSPAttentionHF, its mpu, its data adapter): tests/integration/"
+        "test_sequence_parallel.py, 2 processes at ZeRO-2 and ZeRO-3 against 1",
+    ),
     "train_batch_size": Feature(TRAINED, "every Session test; tests/integration/test_loss_parity.py on 2 processes"),
     "train_micro_batch_size_per_gpu": Feature(TRAINED, "every Session test"),
     "gradient_accumulation_steps": Feature(TRAINED, "tests/integration/test_loss_parity.py (accumulation 8 and 4)"),
@@ -90,7 +95,11 @@ FEATURES: Final[dict[str, Feature]] = {
     "torch_autocast": Feature(ELSEWHERE, f"a GPU: {_SMOKE}torch_autocast.enabled=true"),
     "aio": Feature(ELSEWHERE, "NVMe offload's I/O, with NVMe: the NVMe row of zero_optimization"),
     "communication_data_type": Feature(ELSEWHERE, f"several GPUs: {_SMOKE}communication_data_type='\"bf16\"'"),
-    "seq_parallel_communication_data_type": Feature(ELSEWHERE, "with sequence parallelism (refused for now)"),
+    "seq_parallel_communication_data_type": Feature(
+        ELSEWHERE,
+        f"sequence parallelism's all-to-all in another dtype, on GPUs: {_SMOKE}sequence_parallel_size=2 "
+        "--set strategy.overrides.seq_parallel_communication_data_type='\"bf16\"' --nproc-per-node 2",
+    ),
     "data_types": Feature(ELSEWHERE, f"a GPU: {_SMOKE}data_types.grad_accum_dtype='\"fp32\"'"),
     "prescale_gradients": Feature(ELSEWHERE, f"several GPUs: {_SMOKE}prescale_gradients=true"),
     "gradient_predivide_factor": Feature(ELSEWHERE, f"several GPUs: {_SMOKE}gradient_predivide_factor=2.0"),
@@ -118,12 +127,6 @@ FEATURES: Final[dict[str, Feature]] = {
     "dataloader_drop_last": Feature(ELSEWHERE, "DeepSpeed's own data loader (deepspeed.initialize(training_data=))"),
     "vocabulary_size": Feature(ELSEWHERE, "read with data_efficiency's random-LTD (refused for now)"),
     # -- refused ----------------------------------------------------------------------------------------------------
-    "sequence_parallel_size": Feature(
-        REFUSED,
-        "Session does not register Ulysses attention or pass DeepSpeed an mpu yet: the run would train as plain data "
-        "parallelism while DeepSpeed's batch arithmetic assumes sequence parallelism",
-        _above_one,
-    ),
     "tensor_parallel": Feature(
         REFUSED,
         "AutoTP needs every rank of a tensor-parallel group to see the same batch; Session samples by global rank, so "

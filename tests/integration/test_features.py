@@ -51,7 +51,6 @@ def test_the_page_is_the_table() -> None:
 @pytest.mark.parametrize(
     ("section", "off"),
     [
-        ({"sequence_parallel_size": 2}, {"sequence_parallel_size": 1}),
         ({"tensor_parallel": {"autotp_size": 2}}, {"tensor_parallel": {"autotp_size": 1}}),
         ({"hybrid_engine": {"enabled": True}}, {"hybrid_engine": {"enabled": False}}),
         ({"pipeline": {"stages": 2}}, {}),
@@ -61,16 +60,15 @@ def test_a_refused_feature_stops_session_and_dsbuild_train(
     section: dict, off: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Turned on: Session raises naming the key before building the engine, dsbuild train exits 1 before launch
-    (at 2 processes, which sequence parallelism 2 needs). Present but off: neither refuses."""
+    (at 2 processes). Present but off: neither refuses."""
     key = next(iter(section))
     config = Config.zero(2).adamw(lr=1e-3).batch(micro=2, grad_accum=1)
     assert [p.path for p in refusals({**config.to_dict(), **section})] == [key]
     assert refusals({**config.to_dict(), **off}) == []
-    if key != "sequence_parallel_size":  # on one process that one is already refused: 2 does not divide 1
-        model = transformers.LlamaForCausalLM(tiny_llama())
-        session = Session(model, Config.from_dict({**config.to_dict(), **section}))
-        with pytest.raises(ConfigError, match=rf"{key}: not run by dsbuild"):
-            _ = session.engine
+    model = transformers.LlamaForCausalLM(tiny_llama())
+    session = Session(model, Config.from_dict({**config.to_dict(), **section}))
+    with pytest.raises(ConfigError, match=rf"{key}: not run by dsbuild"):
+        _ = session.engine
     sets = [f"--set=strategy.overrides.{key}={value!r}".replace("'", '"').replace("True", "true")
             for key, value in _dotted(section)]  # fmt: skip
     out = tmp_path / "out"

@@ -1,0 +1,202 @@
+"""Ulysses sequence parallelism (``sequence_parallel_size``), as DeepSpeed runs it for HF models (ALST).
+
+Each sample's sequence is cut into ``sequence_parallel_size`` shards, one per rank of a sequence-parallel group; in
+each attention layer DeepSpeed's ``UlyssesSPAttentionHF`` exchanges shards for heads (all-to-all), so every rank
+attends over the whole sequence with a share of the heads. What it takes, and what dsbuild does for it:
+
+- the attention: DeepSpeed registers its wrapper in place of the model's own implementation (sdpa, flash
+  attention, flex attention; ``eager`` materializes the whole mask and is refused, with DeepSpeed's reason);
+- the process groups: the ``mpu`` that registration returns goes to ``deepspeed.initialize``;
+- the data: ``UlyssesSPDataLoaderAdapter`` gathers one micro-batch from each rank of the group and hands every rank
+  its shard of each in turn, labels pre-shifted (``shift_labels``) so no target is lost at a shard's edge; every
+  batch needs ``position_ids`` (dsbuild's ``collate`` writes them, padded to a multiple of the degree);
+- the loss: each rank's shard loss is its tokens' summed loss over the optimizer step's trained tokens, counted
+  over every rank (the HF Trainer's ``num_items_in_batch``), so the step's loss and gradients are those of the same
+  samples without sequence parallelism.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from ..errors import SessionError
+
+__all__ = ["SequenceShards", "degree", "register", "whole_batch_loss"]
+
+
+def degree(ds_config: dict[str, Any]) -> int:
+    """The run's sequence-parallel degree (1: none)."""
+    value = ds_config.get("sequence_parallel_size")
+    return value if isinstance(value, int) and value > 1 else 1
+
+
+def problems(model: Any, sp: int, world_size: int) -> list[str]:
+    """Why ``model`` cannot train with degree ``sp`` on ``world_size`` processes, one reason a line (none: it can)."""
+    found = []
+    if world_size % sp:
+        found.append(f"sequence_parallel_size {sp} does not divide the world size {world_size}")
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "get_text_config"):
+        return [
+            *found,
+            "sequence parallelism needs a Hugging Face transformers model (DeepSpeed's Ulysses wraps its attention)",
+        ]
+    attn = getattr(config, "_attn_implementation", None)
+    if attn in ("eager", "paged|eager"):
+        found.append(
+            f"the model's attention is {attn!r}, which needs the whole 4D mask: DeepSpeed's Ulysses takes 'sdpa', "
+            "a flash attention or 'flex_attention' (set attn_implementation)"
+        )
+    text = config.get_text_config()
+    heads = getattr(text, "num_attention_heads", None)
+    if isinstance(heads, int) and heads % sp:
+        found.append(f"the model's {heads} attention heads do not divide by sequence_parallel_size {sp}")
+    return found
+
+
+def register(model: Any, sp: int, micro_batch_size: int, world_size: int) -> Any:
+    """DeepSpeed's Ulysses attention in place of the model's, and the process groups (the ``mpu`` for
+    ``deepspeed.initialize``); ``SessionError`` naming every reason it cannot."""
+    found = problems(model, sp, world_size)
+    if found:
+        raise SessionError("sequence_parallel_size: " + "; ".join(found))
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
+
+    return UlyssesSPAttentionHF.register_with_transformers(
+        model_name_or_path=model,
+        core_attn_implementation=model.config._attn_implementation,
+        sequence_parallel_size=sp,
+        micro_batch_size=micro_batch_size,
+        seq_length_is_variable=True,
+    )
+
+
+def group() -> tuple[Any, int, int]:
+    """This rank's sequence-parallel group, its rank in it and the group's size (after ``register``)."""
+    from deepspeed.utils import groups
+
+    return (
+        groups._get_sequence_parallel_group(),
+        groups._get_sequence_parallel_rank(),
+        groups._get_sequence_parallel_world_size(),
+    )
+
+
+class SequenceShards:
+    """A DataLoader's micro-batches as the ranks of a sequence-parallel group take them: each micro-batch of each rank
+    of the group in turn, every rank its shard of the sequence, labels pre-shifted (``shift_labels``).
+
+    What DeepSpeed's ``UlyssesSPDataLoaderAdapter`` does, with two differences: the group's micro-batches are padded
+    on the right to one length, a multiple of the degree, before they are gathered (gloo gathers only equal shapes;
+    the padding is never a target and, after every real token, never attended to by one); and a short micro-batch
+    (an epoch's last) gets rows that train nothing up to ``rows``, the batch size DeepSpeed's attention was built for.
+    """
+
+    def __init__(self, loader: Any, size: int, rows: int, device: Callable[[], Any]) -> None:
+        self.loader = loader
+        self.sampler = getattr(loader, "sampler", None)  # the epoch's shuffle (DataPosition sets it)
+        self.size = size
+        self.rows = rows
+        self.device = device
+        """The engine's device, asked when an epoch starts (the engine, and the groups, exist by then)."""
+        self.samples = 0
+        """The real samples (padding rows not counted) of the micro-batch the shard last given belongs to."""
+
+    def __len__(self) -> int:
+        return len(self.loader) * self.size
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        sp_group, sp_rank, size = group()
+        assert size == self.size
+        device = self.device()
+        for batch in self.loader:
+            for samples, shard in _shards(batch, sp_group, sp_rank, size, self.rows, device):
+                self.samples = samples
+                yield shard
+
+
+def _shards(
+    batch: Any, sp_group: Any, sp_rank: int, size: int, rows: int, device: Any
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """This rank's shard of each of the group's micro-batches (this one among them), in the group's rank order, each
+    with its real samples."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    if not isinstance(batch, Mapping) or "input_ids" not in batch or "labels" not in batch:
+        raise SessionError("sequence parallelism needs batches with input_ids and labels (and position_ids)")
+    if "position_ids" not in batch:
+        raise SessionError(
+            "sequence parallelism needs position_ids in every batch (each token keeps its place in the whole "
+            "sequence once it is cut): dsbuild.data.collate writes them"
+        )
+    samples = int(batch["input_ids"].shape[0])
+    if samples > rows:
+        raise SessionError(f"a batch of {samples} samples under sequence parallelism built for {rows}")
+    counted = torch.tensor([samples], dtype=torch.int64, device=device)
+    every = [torch.zeros_like(counted) for _ in range(size)]
+    dist.all_gather(every, counted, group=sp_group)
+    length = torch.tensor([batch["input_ids"].shape[1]], dtype=torch.int64, device=device)
+    lengths = [torch.zeros_like(length) for _ in range(size)]
+    dist.all_gather(lengths, length, group=sp_group)
+    longest = max(int(n.item()) for n in lengths)
+    longest += -longest % size
+    gathered: list[dict[str, Any]] = [{} for _ in range(size)]
+    for key, value in batch.items():
+        if isinstance(value, torch.Tensor) and value.dim() >= 2:
+            extra = longest - value.shape[1]
+            if key == "position_ids" and extra:
+                tail = value[:, -1:] + torch.arange(1, extra + 1, dtype=value.dtype)
+                value = torch.cat([value, tail], dim=1)
+            elif extra:
+                value = F.pad(value, (0, extra), value=-100 if key == "labels" else 0)
+            if value.shape[0] < rows:  # rows that train nothing, so every rank's attention sees `rows` rows
+                fill = value[-1:].expand(rows - value.shape[0], *value.shape[1:]).clone()
+                if key == "labels":
+                    fill.fill_(-100)
+                elif key == "attention_mask":
+                    fill.fill_(0)
+                value = torch.cat([value, fill])
+            value = value.to(device).contiguous()
+            tensors = [torch.zeros_like(value) for _ in range(size)]
+            dist.all_gather(tensors, value, group=sp_group)
+            parts: list[Any] = list(tensors)
+        else:
+            parts = [None] * size
+            dist.all_gather_object(parts, value, group=sp_group)
+        for rank, part in enumerate(parts):
+            gathered[rank][key] = part
+    chunk = longest // size
+    for whole, real in zip(gathered, every, strict=True):
+        labels = whole.pop("labels")
+        whole["shift_labels"] = F.pad(labels, (0, 1), value=-100)[..., 1:].contiguous()
+        yield (
+            int(real.item()),
+            {
+                key: value[:, chunk * sp_rank : chunk * (sp_rank + 1)].contiguous()
+                if isinstance(value, torch.Tensor) and value.dim() >= 2
+                else value
+                for key, value in whole.items()
+            },
+        )
+
+
+def whole_batch_loss(shard_loss: Any, batch: Any, samples: int) -> tuple[Any, int]:
+    """The mean loss of the whole batch a shard belongs to, from every shard's mean and trained tokens (gathered over
+    the group), and the samples to weigh it by: the batch's on the group's first rank, none on the others (each
+    batch is counted once)."""
+    import torch
+    import torch.distributed as dist
+
+    from .batches import trained_tokens
+
+    sp_group, sp_rank, size = group()
+    tokens = trained_tokens(batch) or 0
+    mine = torch.tensor([float(shard_loss) * tokens if tokens else 0.0, float(tokens)], dtype=torch.float64)
+    gathered = [torch.zeros_like(mine) for _ in range(size)]
+    dist.all_gather(gathered, mine.to(shard_loss.device), group=sp_group)
+    total = torch.stack([g.cpu() for g in gathered]).sum(0)
+    mean = total[0] / total[1] if total[1] > 0 else torch.tensor(0.0, dtype=torch.float64)
+    return mean, samples if sp_rank == 0 else 0
