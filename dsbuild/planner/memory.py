@@ -150,8 +150,9 @@ def activations(
     num_heads: int | None = None,
     checkpointing: bool = False,
     vocab_size: int | None = None,
+    sequence_parallel: int = 1,
 ) -> Activations:
-    """Activation memory per GPU of one micro-batch (16-bit training, no tensor or sequence parallelism).
+    """Activation memory per GPU of one micro-batch (16-bit training, no tensor parallelism).
 
     Each layer keeps ``layer_activation_bytes`` without checkpointing. With
     full activation recomputation (what HF ``gradient_checkpointing`` and
@@ -164,12 +165,16 @@ def activations(
     the figure is the same for every stage. Real use varies with the
     architecture (gated MLPs, grouped-query attention) and the framework's
     temporaries: it is an estimate, not a bound.
+
+    ``sequence_parallel`` (Ulysses, ``sequence_parallel_size``) divides every part: each GPU holds its shard of
+    the sequence, and during attention the whole sequence for its share of the heads.
     """
     layer = layer_activation_bytes(micro_batch, seq_len, hidden_size, num_heads)
     inputs = 2 * seq_len * micro_batch * hidden_size * num_layers if checkpointing else 0
     held = layer if checkpointing else layer * num_layers
     logits = 4 * seq_len * micro_batch * vocab_size if vocab_size else 0
-    return Activations(inputs, held, logits)
+    sp = max(sequence_parallel, 1)
+    return Activations(inputs // sp, held // sp, logits // sp)
 
 
 def estimate_activation_bytes(
@@ -181,6 +186,7 @@ def estimate_activation_bytes(
     num_heads: int | None = None,
     checkpointing: bool = False,
     vocab_size: int | None = None,
+    sequence_parallel: int = 1,
 ) -> int:
     """``activations(...).total``: the activation bytes per GPU of one micro-batch, as one number."""
     return activations(
@@ -191,6 +197,7 @@ def estimate_activation_bytes(
         num_heads=num_heads,
         checkpointing=checkpointing,
         vocab_size=vocab_size,
+        sequence_parallel=sequence_parallel,
     ).total
 
 

@@ -870,3 +870,12 @@ def test_planning_imports_neither_torch_nor_deepspeed(tmp_path: Path) -> None:
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_sequence_parallelism_divides_every_activation_part() -> None:
+    """Ulysses cuts the sequence (and, in attention, the heads) sp ways: each GPU holds 1/sp of every part."""
+    from dsbuild.planner.memory import activations
+
+    one = activations(1, 8192, 4096, 32, num_heads=32, vocab_size=128256)
+    two = activations(1, 8192, 4096, 32, num_heads=32, vocab_size=128256, sequence_parallel=2)
+    assert (two.layer_inputs, two.layers, two.logits) == (one.layer_inputs // 2, one.layers // 2, one.logits // 2)
