@@ -13,6 +13,7 @@ from .._util import dotted
 from .._util.safe_read import count_records
 from ..api import Config
 from ..errors import ConfigError, Problem
+from ..resolve.batch import degrees
 from ..resolve.training import Training, micro_batches, optimizer_steps
 from ..validate import Diagnostic, validate
 from .reader import JobReader, read_job_dict
@@ -91,7 +92,9 @@ class Job:
             records -= math.ceil(records * self.data.eval_split)  # what datasets' train_test_split holds out
         world = world_size or self.launch.world_size
         drop_last = bool(self.config.dataloader_drop_last)
-        batches = micro_batches(records, world, self.training.per_device_train_batch_size, drop_last=drop_last)
+        sp, tp = degrees(self.config)
+        micro = self.training.per_device_train_batch_size
+        batches = micro_batches(records, world, micro, drop_last=drop_last, sequence_parallel=sp, tensor_parallel=tp)
         return optimizer_steps(
             batches, self.training.gradient_accumulation_steps, epochs=self.training.num_train_epochs
         )

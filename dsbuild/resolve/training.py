@@ -172,11 +172,25 @@ class NoneValue:
         return "None"
 
 
-def micro_batches(samples: int, world_size: int, micro_batch: int, *, drop_last: bool) -> int:
+def micro_batches(
+    samples: int,
+    world_size: int,
+    micro_batch: int,
+    *,
+    drop_last: bool,
+    sequence_parallel: int = 1,
+    tensor_parallel: int = 1,
+) -> int:
     """One process's micro-batches in an epoch of ``samples``: a ``DistributedSampler`` pads each rank's share to
-    ``ceil(samples / world_size)``; the last micro-batch is short, or dropped with ``dataloader_drop_last``."""
-    share = math.ceil(samples / world_size)
-    return share // micro_batch if drop_last else math.ceil(share / micro_batch)
+    ``ceil(samples / world_size)``; the last micro-batch is short, or dropped with ``dataloader_drop_last``.
+
+    A tensor-parallel group's ranks read the same share (the sampler has ``world_size / tensor_parallel`` replicas);
+    a sequence-parallel group's ranks each take a shard of every micro-batch of the group (``sequence_parallel``
+    times their own), as the HF Trainer counts them.
+    """
+    share = math.ceil(samples / (world_size // tensor_parallel))
+    own = share // micro_batch if drop_last else math.ceil(share / micro_batch)
+    return own * sequence_parallel
 
 
 def optimizer_steps(micro_batches: int, accumulation: int, *, max_steps: int = -1, epochs: float = 1.0) -> int:

@@ -42,6 +42,7 @@ from ..outputs.history import read as read_history
 from ..outputs.manifest import candidates, fingerprint, read_latest, sha256_file
 from ..outputs.plot import plot_in_child
 from ..outputs.run_folder import RunFolder
+from ..resolve.batch import degrees
 from ..resolve.training import micro_batches, optimizer_steps, steps_between
 from .model import build_tokenizer, model_source
 
@@ -196,7 +197,9 @@ def _run_steps(job: Job, samples: int, world: int, pretrained: Any) -> int:
     probe = job.config.resolve(world_size=world, training=job.training, model=pretrained, total_steps=1)
     micro, accum = probe.train_micro_batch_size_per_gpu, probe.gradient_accumulation_steps
     assert isinstance(micro, int) and isinstance(accum, int)
-    batches = micro_batches(samples, world, micro, drop_last=bool(probe.dataloader_drop_last))
+    sp, tp = degrees(probe)
+    drop_last = bool(probe.dataloader_drop_last)
+    batches = micro_batches(samples, world, micro, drop_last=drop_last, sequence_parallel=sp, tensor_parallel=tp)
     if batches == 0:
         raise ConfigError(
             Problem("data.path", f"{samples} samples make no micro-batch of {micro} for each of {world} processes")

@@ -24,6 +24,9 @@ def _partitioned(engine: Any) -> bool:
 
 def full_state_dict(engine: Any) -> dict[str, torch.Tensor] | None:
     """Collective: every weight, whole, on CPU, in the training dtype, on rank 0 (``None`` elsewhere)."""
+    if engine.autotp_size() > 1:  # each rank holds its tensor-parallel slice of the linear layers: DeepSpeed joins them
+        tp: dict[str, torch.Tensor] | None = engine._consolidated_16bit_state_dict()
+        return tp
     if _partitioned(engine):
         # Gathers one module at a time, so no device ever holds the whole model.
         sd: dict[str, torch.Tensor] | None = engine._zero3_consolidated_16bit_state_dict()

@@ -55,6 +55,8 @@ class Trainable(Protocol):
     @property
     def sequence_parallel_size(self) -> int: ...
     @property
+    def tensor_parallel_size(self) -> int: ...
+    @property
     def world_size(self) -> int: ...
     def items_in_step(self, micro_batches: Any) -> int | None: ...
     def _step(self, batch: Any, loss_fn: Any, num_items: int | None, boundary: bool | None) -> Any: ...
@@ -150,8 +152,12 @@ def fit(
                 loss_sum, samples_sum, tokens_sum, signalled = distributed.all_sum(
                     [*window, float(stop.check() is not None)], engine.device
                 )
+                # A tensor-parallel group's ranks train on the same batch: its numbers count once.
+                loss_sum, samples_sum, tokens_sum = (
+                    x / session.tensor_parallel_size for x in (loss_sum, samples_sum, tokens_sum)
+                )
                 # The HF Trainer's logged loss: the token-weighted step loss, or the mean of the micro-batch means.
-                shares = 1 if num_items is not None and average else session.world_size
+                shares = 1 if num_items is not None and average else session.world_size // session.tensor_parallel_size
                 elapsed = max(time.perf_counter() - started, 1e-9)
                 record = {
                     "step": out.global_step,

@@ -132,6 +132,15 @@ class Session:
         if self.training is not None:
             seed_everything(self.training.seed)
 
+        if self.tensor_parallel_size > 1 and export.is_peft(model):
+            raise SessionError(
+                "tensor_parallel.autotp_size with LoRA: dsbuild does not split peft's adapters over a tensor-parallel "
+                "group; train LoRA with ZeRO instead"
+            )
+        if self.sequence_parallel_size > 1 and self.tensor_parallel_size > 1:
+            raise SessionError(
+                "sequence_parallel_size and tensor_parallel.autotp_size together: dsbuild trains one or the other"
+            )
         if self.sequence_parallel_size > 1 and not self._average_tokens:
             raise SessionError(
                 "training.average_tokens_across_devices = false: sequence parallelism counts a step's trained tokens "
@@ -321,7 +330,8 @@ class Session:
             return None
         total = sum(c for c in counted if c is not None)
         if self._average_tokens and self.world_size > 1:
-            total = int(distributed.all_sum([float(total)], self.engine.device)[0])
+            # The ranks of a tensor-parallel group train on the same batch: its tokens count once (HF divides so).
+            total = int(distributed.all_sum([float(total)], self.engine.device)[0]) // self.tensor_parallel_size
         return total
 
     @property
@@ -330,10 +340,12 @@ class Session:
         counted the step's tokens together, over those DeepSpeed averages gradients across (the HF Trainer's
         ``num_processes`` factor). DeepSpeed 0.19.8 reduces a sequence-parallel group's gradients two ways: ZeRO-3
         averages them over every rank, ZeRO 0-2 sum them over the group and average over the data-parallel ranks
-        (tests/integration/test_sequence_parallel.py holds both to the 1-process run)."""
+        (tests/integration/test_parallelism.py holds both to the 1-process run)."""
         if not self._average_tokens:
             return 1
-        sp = self.sequence_parallel_size
+        sp, tp = self.sequence_parallel_size, self.tensor_parallel_size
+        if tp > 1:  # a tensor-parallel group is one data-parallel replica (the HF Trainer's num_processes // tp_size)
+            return self.world_size // tp
         return self.world_size if sp == 1 or self.run_facts.zero_stage == 3 else self.world_size // sp
 
     @property
@@ -424,11 +436,12 @@ class Session:
     ) -> Any:
         """``data`` itself when it is a DataLoader; else a DataLoader over this rank's share of it. With sequence
         parallelism, the micro-batches of the ranks of this rank's group, each cut to this rank's shard."""
+        tp = self.tensor_parallel_size  # a tensor-parallel group's ranks read the same batches
         loader = batches.loader(
             data,
             batch_size,
-            world_size=self.world_size,
-            rank=self.rank,
+            world_size=self.world_size // tp,
+            rank=self.rank // tp,
             shuffle=shuffle,
             seed=self.training.seed if self.training is not None else DEFAULT_SEED,
             drop_last=bool(self._config.dataloader_drop_last) if shuffle else False,
@@ -439,6 +452,14 @@ class Session:
         if sp == 1:
             return loader
         return sequence.SequenceShards(loader, sp, self.micro_batch_size, lambda: self.engine.device)
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        """The run's AutoTP degree (``tensor_parallel.autotp_size``; 1: none): DeepSpeed splits each linear layer's
+        weights over a group of that many consecutive ranks, which train on the same batches."""
+        tp = self._config.tensor_parallel
+        size = tp.autotp_size if tp is not None else None
+        return size if isinstance(size, int) and size > 1 else 1
 
     @property
     def sequence_parallel_size(self) -> int:
@@ -501,6 +522,8 @@ class Session:
             if was_training:
                 engine.train()
         total, count = distributed.all_sum([total, count], engine.device)
+        # A tensor-parallel group's ranks evaluate the same batches: each batch counts once.
+        total, count = total / self.tensor_parallel_size, count / self.tensor_parallel_size
         metrics = {"eval_loss": total / max(count, 1.0), "eval_samples": count}
         self.write_events("Eval", {"step": engine.global_steps, "loss": metrics["eval_loss"]})
         if self.is_main_process and self.history_path is not None:

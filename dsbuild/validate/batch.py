@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ..config import AUTO, ConfigFields
-from ..resolve.batch import Triangle, TriangleProblem, derive
-from .facts import Diagnostic, Facts, known, rule
+from ..resolve.batch import Triangle, TriangleProblem, derive, model_parallel
+from .facts import Diagnostic, Facts, rule
 
 __all__ = ["batch_triangle"]
 
@@ -38,15 +38,17 @@ def batch(f: Facts) -> Iterator[Diagnostic]:
     if f.world_size is None:
         yield from _batch_without_world(f, train, micro, accum)
         return
-    sp = known(c.sequence_parallel_size) or 1
-    if f.world_size % sp:
-        yield f.error(
-            "sequence_parallel_size",
-            f"{sp} does not divide the world size {f.world_size}",
-            "use a sequence-parallel degree that divides the number of processes",
-        )
-        return
-    found = derive(train, micro, accum, f.world_size // sp)
+    degree = 1
+    for key, size in model_parallel(c):
+        degree *= size
+        if f.world_size % degree:
+            yield f.error(
+                key,
+                f"{size} does not divide the world size {f.world_size}",
+                "use a degree that divides the number of processes",
+            )
+            return
+    found = derive(train, micro, accum, f.world_size // degree)
     if isinstance(found, TriangleProblem):
         yield f.error("train_batch_size", found.message, found.hint)
 
@@ -71,14 +73,17 @@ def batch_triangle(config: ConfigFields, world_size: int) -> tuple[int, int, int
     """``(train_batch_size, micro, accumulation)`` as DeepSpeed derives them at ``world_size`` processes.
 
     ``None`` when they cannot be derived: a batch key is ``"auto"``, none is set, or they do not divide (``validate``
-    says which). ``sequence_parallel_size`` divides the world size first, as DeepSpeed does.
+    says which). ``sequence_parallel_size`` and ``tensor_parallel.autotp_size`` divide the world size first, as
+    DeepSpeed does.
     """
     keys = (config.train_batch_size, config.train_micro_batch_size_per_gpu, config.gradient_accumulation_steps)
     if AUTO in keys or AUTO is config.sequence_parallel_size:
         return None
-    sp = config.sequence_parallel_size or 1
-    if world_size % sp:
+    degree = 1
+    for _, size in model_parallel(config):
+        degree *= size
+    if world_size % degree:
         return None
     train, micro, accum = (k if isinstance(k, int) else None for k in keys)
-    found = derive(train, micro, accum, world_size // sp)
+    found = derive(train, micro, accum, world_size // degree)
     return (found.train_batch_size, found.micro, found.accumulation) if isinstance(found, Triangle) else None

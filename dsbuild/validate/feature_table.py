@@ -35,14 +35,6 @@ def _present(value: Any) -> bool:
     return value is not None and value != {} and value is not False
 
 
-def _above_one(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 1
-
-
-def _autotp(value: Any) -> bool:
-    return isinstance(value, Mapping) and _above_one(value.get("autotp_size"))
-
-
 @attrs.frozen
 class Feature:
     """One top-level key: its row, what the row says (the test, the smoke command, or the reason)."""
@@ -61,7 +53,12 @@ FEATURES: Final[dict[str, Feature]] = {
     "sequence_parallel_size": Feature(
         TRAINED,
         "Ulysses (DeepSpeed's UlyssesSPAttentionHF, its mpu, its data adapter): tests/integration/"
-        "test_sequence_parallel.py, 2 processes at ZeRO-2 and ZeRO-3 against 1",
+        "test_parallelism.py, 2 processes at ZeRO-2 and ZeRO-3 against 1",
+    ),
+    "tensor_parallel": Feature(
+        TRAINED,
+        "AutoTP training (autotp_size): tests/integration/test_parallelism.py, 2 processes at ZeRO-1 and ZeRO-2 "
+        "against 1, the saved model gathered whole",
     ),
     "train_batch_size": Feature(TRAINED, "every Session test; tests/integration/test_loss_parity.py on 2 processes"),
     "train_micro_batch_size_per_gpu": Feature(TRAINED, "every Session test"),
@@ -127,12 +124,6 @@ FEATURES: Final[dict[str, Feature]] = {
     "dataloader_drop_last": Feature(ELSEWHERE, "DeepSpeed's own data loader (deepspeed.initialize(training_data=))"),
     "vocabulary_size": Feature(ELSEWHERE, "read with data_efficiency's random-LTD (refused for now)"),
     # -- refused ----------------------------------------------------------------------------------------------------
-    "tensor_parallel": Feature(
-        REFUSED,
-        "AutoTP needs every rank of a tensor-parallel group to see the same batch; Session samples by global rank, so "
-        "DeepSpeed's data-consistency check would stop the first step",
-        _autotp,
-    ),
     "pipeline": Feature(
         REFUSED, "DeepSpeed's pipeline engine needs a deepspeed.pipe.PipelineModule; Session trains whole models"
     ),

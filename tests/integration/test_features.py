@@ -51,7 +51,6 @@ def test_the_page_is_the_table() -> None:
 @pytest.mark.parametrize(
     ("section", "off"),
     [
-        ({"tensor_parallel": {"autotp_size": 2}}, {"tensor_parallel": {"autotp_size": 1}}),
         ({"hybrid_engine": {"enabled": True}}, {"hybrid_engine": {"enabled": False}}),
         ({"pipeline": {"stages": 2}}, {}),
     ],

@@ -972,3 +972,13 @@ def test_training_get_warmup_steps() -> None:
     assert Training(warmup_steps=0.1).get_warmup_steps(1000) == 100
     assert Training(warmup_ratio=0.2).get_warmup_steps(1000) == 200
     assert Training().get_warmup_steps(1000) == 0
+
+
+def test_micro_batches_of_an_epoch_under_sequence_and_tensor_parallelism() -> None:
+    """What Session.fit's loader gives each rank: AutoTP groups read one share (world / tp replicas); a
+    sequence-parallel rank takes a shard of each of its group's micro-batches (sp times its own)."""
+    from dsbuild.resolve.training import micro_batches
+
+    assert micro_batches(100, 4, 2, drop_last=False) == 13  # ceil(25 / 2)
+    assert micro_batches(100, 4, 2, drop_last=False, tensor_parallel=2) == 25  # 50 samples each
+    assert micro_batches(100, 4, 2, drop_last=False, sequence_parallel=2) == 26  # 13 of its own, 13 of its partner's

@@ -1,11 +1,12 @@
-"""One side of the sequence-parallel differential (tests/integration/test_sequence_parallel.py), in a process of its
-own (under torchrun for 2 processes):
+"""One side of the parallelism differentials (tests/integration/test_parallelism.py and
+test_tensor_parallel.py), in a process of its own (under torchrun for 2 processes):
 
-    python _sequence_worker.py SP STAGE OUT
+    python _parallel_worker.py {sequence|tensor} DEGREE STAGE OUT
 
 ``Session.fit`` on a tiny sdpa Llama for 3 optimizer steps (micro-batch 2, accumulation 2) over variable-length
-samples, with ``sequence_parallel_size = SP`` at ZeRO stage ``STAGE``; then ``evaluate`` and ``save_model``. Rank 0
-writes ``OUT/result.json`` (the logged losses, the evaluation loss) and the model to ``OUT/model``.
+samples, with ``sequence_parallel_size = DEGREE`` or ``tensor_parallel.autotp_size = DEGREE`` at ZeRO stage
+``STAGE``; then ``evaluate`` and ``save_model``. Rank 0 writes ``OUT/result.json`` (the logged losses, the
+evaluation loss) and the model to ``OUT/model``.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def samples(n: int, seed: int, length: int | None = None) -> list[dict[str, list
     return out
 
 
-def main(sp: int, stage: int, out: Path) -> None:
+def main(kind: str, degree: int, stage: int, out: Path) -> None:
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     from dsbuild import Session
@@ -45,11 +46,11 @@ def main(sp: int, stage: int, out: Path) -> None:
     config = {
         "train_micro_batch_size_per_gpu": MICRO,
         "gradient_accumulation_steps": ACCUMULATION,
-        "train_batch_size": MICRO * ACCUMULATION * (world // sp),
+        **({"train_batch_size": MICRO * ACCUMULATION * (world // degree)} if kind == "sequence" else {}),
         "gradient_clipping": 1.0,
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.0, "torch_adam": True}},
         "zero_optimization": {"stage": stage},
-        "sequence_parallel_size": sp,
+        **({"sequence_parallel_size": degree} if kind == "sequence" else {"tensor_parallel": {"autotp_size": degree}}),
         "steps_per_print": 1000,
     }
     torch.manual_seed(0)
@@ -82,4 +83,4 @@ def main(sp: int, stage: int, out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]))
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]))

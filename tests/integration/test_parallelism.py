@@ -1,5 +1,6 @@
-"""Ulysses sequence parallelism trains the model it would train without it: ``sequence_parallel_size = 2`` on 2
-processes against 1 process without it, the same samples, through ``Session.fit`` and through ``dsbuild train``."""
+"""Sequence and tensor parallelism train the model the run would train without them: ``sequence_parallel_size = 2``
+(Ulysses) and ``tensor_parallel.autotp_size = 2`` (AutoTP) on 2 processes against 1 process without, the same
+samples, through ``Session.fit`` and through ``dsbuild train``."""
 
 from __future__ import annotations
 
@@ -19,19 +20,20 @@ safetensors = pytest.importorskip("safetensors.torch")
 pytestmark = [pytest.mark.slow, pytest.mark.train]
 
 HERE = Path(__file__).parent
-WORKER = HERE / "_sequence_worker.py"
+WORKER = HERE / "_parallel_worker.py"
 
 
-def _run(sp: int, stage: int, out: Path) -> dict[str, Any]:
+def run_worker(kind: str, degree: int, stage: int, out: Path) -> dict[str, Any]:
+    """One side of a differential: ``_parallel_worker.py`` on ``degree`` processes; its losses and saved weights."""
     env = {
         k: v
         for k, v in os.environ.items()
         if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
     }
     env["DS_ACCELERATOR"] = "cpu"
-    argv = [str(WORKER), str(sp), str(stage), str(out)]
-    if sp > 1:
-        argv = ["-m", "torch.distributed.run", f"--nproc-per-node={sp}", "--master-port=29611", *argv]
+    argv = [str(WORKER), kind, str(degree), str(stage), str(out)]
+    if degree > 1:
+        argv = ["-m", "torch.distributed.run", f"--nproc-per-node={degree}", "--master-port=29611", *argv]
     out.mkdir(parents=True)
     done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, timeout=600, cwd=HERE)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -44,8 +46,8 @@ def _run(sp: int, stage: int, out: Path) -> dict[str, Any]:
 def test_two_way_sequence_parallelism_trains_as_one_process(stage: int, tmp_path: Path) -> None:
     """3 optimizer steps of variable-length SFT samples (prompts untrained, accumulation 2): the logged losses, the
     evaluation loss and every weight of the saved model equal the 1-process run's."""
-    one = _run(1, stage, tmp_path / "one")
-    two = _run(2, stage, tmp_path / "two")
+    one = run_worker("sequence", 1, stage, tmp_path / "one")
+    two = run_worker("sequence", 2, stage, tmp_path / "two")
     assert len(one["losses"]) == len(two["losses"]) == 3
     for a, b in zip(one["losses"], two["losses"], strict=True):
         assert abs(a - b) <= 1e-5 * abs(a), (one["losses"], two["losses"])
@@ -64,11 +66,15 @@ def _train(job: Path, out: Path, *argv: str) -> list[float]:
     return [r["loss"] for r in records if "loss" in r]
 
 
-def test_dsbuild_train_with_sequence_parallelism_trains_and_resumes_as_one_process(
-    tiny_job: Any, tmp_path: Path
+@pytest.mark.parametrize(
+    "parallel", ["sequence_parallel_size=2", "tensor_parallel.autotp_size=2"], ids=["sequence", "autotp"]
+)
+def test_dsbuild_train_with_parallelism_trains_and_resumes_as_one_process(
+    tiny_job: Any, tmp_path: Path, parallel: str
 ) -> None:
-    """``[strategy.overrides] sequence_parallel_size = 2`` on 2 processes logs the 1-process run's losses for the demo
-    data (alpaca, prompts untrained, accumulation 2), and a resume from its step-2 checkpoint the same steps 3-4."""
+    """A job with sequence parallelism 2 or AutoTP 2 in ``[strategy.overrides]``, on 2 processes, logs the 1-process
+    run's losses for the demo data (alpaca, prompts untrained, accumulation 2), and a resume from its step-2
+    checkpoint the same steps 3-4."""
     job = tiny_job(
         training={
             "per_device_train_batch_size": 2,
@@ -81,11 +87,29 @@ def test_dsbuild_train_with_sequence_parallelism_trains_and_resumes_as_one_proce
         }
     )
     one = _train(job, tmp_path / "one")
-    sp = ["--nproc-per-node=2", "--set=strategy.overrides.sequence_parallel_size=2"]
-    two = _train(job, tmp_path / "two", *sp)
+    flags = ["--nproc-per-node=2", f"--set=strategy.overrides.{parallel}"]
+    two = _train(job, tmp_path / "two", *flags)
     assert len(one) == len(two) == 4
     for a, b in zip(one, two, strict=True):
         assert abs(a - b) <= 1e-5 * abs(a), (one, two)
-    resumed = _train(job, tmp_path / "two", *sp, "--resume-from=global_step2")
+    resumed = _train(job, tmp_path / "two", *flags, "--resume-from=global_step2")
     for a, b in zip(two, resumed, strict=True):
         assert abs(a - b) <= 1e-5 * abs(a), (two, resumed)
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_two_way_autotp_trains_as_one_process(stage: int, tmp_path: Path) -> None:
+    """AutoTP over 2 processes (one data-parallel replica; both read the same batches): the logged losses, the
+    evaluation loss and every weight of the saved model, gathered whole from the two slices, equal the 1-process
+    run's."""
+    one = run_worker("tensor", 1, stage, tmp_path / "one")
+    two = run_worker("tensor", 2, stage, tmp_path / "two")
+    assert len(one["losses"]) == len(two["losses"]) == 3
+    for a, b in zip(one["losses"], two["losses"], strict=True):
+        assert abs(a - b) <= 1e-5 * abs(a), (one["losses"], two["losses"])
+    assert abs(one["eval_loss"] - two["eval_loss"]) <= 1e-5 * abs(one["eval_loss"])
+    assert one["weights"].keys() == two["weights"].keys()
+    for k in one["weights"]:
+        assert one["weights"][k].shape == two["weights"][k].shape, k
+    worst = max(float((one["weights"][k].float() - two["weights"][k].float()).abs().max()) for k in one["weights"])
+    assert worst <= 1e-5, worst
