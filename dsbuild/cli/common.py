@@ -16,7 +16,7 @@ from .._util import dotted
 from .._util.overrides import parse_set
 from ..api import Config
 from ..config.walk import leaves
-from ..errors import ConfigError, DsbuildError
+from ..errors import ConfigError, DsbuildError, Problem
 from ..interop import for_accelerate, with_deepspeed_scheduler
 from ..io.config_files import config_ref, read_dict, read_table, to_config
 from ..job import Job, looks_like_job, read_job_dict
@@ -79,9 +79,8 @@ def diagnose(
         except ConfigError as e:
             found = as_diagnostics(e)
         else:
-            data = config.to_dict()
             found = validate(config, world_size=world_size, target=target)
-    if deepspeed:
+    if deepspeed:  # the file as written (after extends): a key dsbuild only warns about reaches DeepSpeed too
         found += deepspeed_verdict(data, world_size or 1)
     return found
 
@@ -129,13 +128,33 @@ def as_path(ref: str) -> Path | None:
     return config_ref(ref)
 
 
-def load_ref(ref: str) -> Config:
-    """A config file, a preset by name, or a job file's config (``Job.config``: its strategy, [training] filled in)."""
+def load_ref(ref: str, *, lenient: bool = False) -> Config:
+    """A config file, a preset by name, or a job file's config (``Job.config``: its strategy, [training] filled in).
+
+    ``lenient``: a file read as ``validate`` reads it and judged as it judges it (``judged``): its warnings on
+    stderr, its errors a ``ConfigError``, so ``validate``, ``explain`` and ``doctor`` agree on every file."""
     job = job_of(ref, ())
     if job is not None:
         return job.config
     path = as_path(ref)
-    return Config.preset(ref) if path is None else Config.load(path)
+    if path is None:
+        return Config.preset(ref)
+    config = Config.load(path, strict=not lenient)
+    return judged(config, str(path)) if lenient else config
+
+
+def judged(config: Config, where: str) -> Config:
+    """``config`` when ``validate`` finds no error in it (its warnings printed as ``dsbuild: warning:`` lines naming
+    ``where``); else ``ConfigError`` listing its errors, as ``validate`` words them (exit 1)."""
+    from .output import warning
+
+    found = validate(config)
+    errors = [Problem(d.path, d.message, d.hint) for d in found if d.severity == "error"]
+    if errors:
+        raise ConfigError(errors, source=where, checks=True)
+    for d in found:
+        warning(f"{where}: {d}")
+    return config
 
 
 def job_data(path: Path) -> dict[str, object] | None:
@@ -213,10 +232,13 @@ def hidden_size(args: argparse.Namespace) -> int | None:
     return found
 
 
-def load_with_sets(ref: str, sets: Sequence[str]) -> tuple[Config, dict[str, object]]:
-    """The config of ``ref`` with ``--set`` overrides applied, and the ``training.*`` ones apart."""
+def load_with_sets(ref: str, sets: Sequence[str], *, lenient: bool = False) -> tuple[Config, dict[str, object]]:
+    """The config of ``ref`` with ``--set`` overrides applied, and the ``training.*`` ones apart (``lenient``: as
+    ``load_ref``)."""
     data, source, label, training = raw_with_sets(ref, sets)
-    config = to_config(data, source=source, label=label, cls=Config)
+    config = to_config(data, strict=not lenient, source=source, label=label, cls=Config)
+    if lenient and as_path(ref) is not None:  # a file (a preset is a part, completed by other options)
+        config = judged(config, source)
     flags = {key: value for key, value in job_sets(sets).items() if not key.startswith("training.")}
     return set_by_flag(config, flags), training
 
@@ -248,7 +270,7 @@ def raw_with_sets(ref: str, sets: Sequence[str]) -> tuple[dict[str, Any], str, s
 def resolved(args: argparse.Namespace, *, hf_defaults: bool = False) -> Config:
     """The config of ``args.config`` resolved with the run's facts the options give; ``hf_defaults``: without training
     arguments, the HF Trainer's defaults (``TrainingArguments()``), as the Trainer always has them."""
-    config, overrides = load_with_sets(args.config, args.set)
+    config, overrides = load_with_sets(args.config, args.set, lenient=hf_defaults)
     training = _training_of(args, overrides)
     if training is None and hf_defaults:
         logger.info('no training arguments given: the HF Trainer\'s defaults fill the "auto" values they fill')

@@ -172,7 +172,7 @@ def _doctor(args: argparse.Namespace) -> int:
     from ..env.doctor import render_report, report
     from .common import load_ref
 
-    config = load_ref(args.config) if args.config is not None else None
+    config = load_ref(args.config, lenient=True) if args.config is not None else None
     result = report(config)
     out(render_report(result))
     return 0 if result.ok else 1

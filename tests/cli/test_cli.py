@@ -489,3 +489,20 @@ def test_the_commands_agree_on_a_value_that_fails_its_checks(
     assert code == 1, err
     assert "training.learning_rate: got 'fast', expected a number >= 0" in out + err
     assert not (tmp_path / "out.json").exists()
+
+
+@pytest.mark.usefixtures("with_deepspeed")
+def test_validate_deepspeed_asks_about_the_file_as_written(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A misspelt key dsbuild reads leniently still reaches DeepSpeed, which refuses the file: its line shows (it
+    once got the dict with the key removed, and said nothing)."""
+    path = _write(
+        tmp_path / "typo.json",
+        '{"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3, "stage3_max_live_paramters": 10}}',
+    )
+    code, out, _ = run(capsys, "validate", "--deepspeed", str(path))
+    assert code == 1
+    assert "  zero_optimization.stage3_max_live_paramters: unknown key" in out
+    assert (
+        f"{DS_LINE}ValidationError: zero_optimization.stage3_max_live_paramters: Extra inputs are not permitted\n"
+        in out
+    )
