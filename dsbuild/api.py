@@ -97,18 +97,20 @@ class Config(ConfigBase):
     # -- checking and resolving ----------------------------------------------
 
     def validate(
-        self, *, world_size: int | None = None, target: str = "deepspeed", resolved: bool = False
+        self, *, world_size: int | None = None, target: str = "auto", resolved: bool = False
     ) -> list[Diagnostic]:
         """Every problem found, as diagnostics (errors first, then warnings) with dotted key paths.
 
-        ``target="hf"`` for a config handed to the HF Trainer / Accelerate (they fill its ``"auto"``);
-        ``resolved=True`` makes any ``"auto"`` left an error.
+        ``target="hf"`` for a config handed to the HF Trainer / Accelerate (they fill its ``"auto"``),
+        ``"deepspeed"`` for one handed to DeepSpeed as it is; ``"auto"`` (the default) judges a config holding
+        ``"auto"`` for the HF Trainer and any other for DeepSpeed. ``resolved=True`` makes any ``"auto"`` left an
+        error.
         """
         from .validate import validate
 
         return validate(self, world_size=world_size, target=target, resolved=resolved)
 
-    def check(self, *, world_size: int | None = None, target: str = "deepspeed", resolved: bool = False) -> Config:
+    def check(self, *, world_size: int | None = None, target: str = "auto", resolved: bool = False) -> Config:
         """Raise one ``ConfigError`` listing every error; return the config when there is none."""
         from .validate import check
 

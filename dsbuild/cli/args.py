@@ -27,7 +27,7 @@ __all__ = [
 
 FORMATS = ("json", "toml")
 
-TARGETS = ("deepspeed", "hf")
+TARGETS = ("auto", "deepspeed", "hf")
 
 CONSUMERS = ("deepspeed", "hf", "accelerate")
 
@@ -69,8 +69,9 @@ def add_target(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--target",
         choices=TARGETS,
-        default="deepspeed",
-        help='who reads the config: "deepspeed" as is (default) or "hf", the HF Trainer / Accelerate, which fill "auto"',
+        default="auto",
+        help='who reads the config: "deepspeed" as is, "hf" (the HF Trainer / Accelerate, which fill "auto"), or '
+        '"auto" (default): "hf" for a config holding "auto", else "deepspeed"',
     )
 
 

@@ -23,9 +23,13 @@ an HF-style preset, an ``"auto"`` is judged by who will fill it:
 
 - ``resolved=True`` (how ``Session`` checks the config it hands to
   ``deepspeed.initialize``): every ``"auto"`` left is an error.
-- ``target="deepspeed"`` (the default): an ``"auto"`` that ``resolve()`` and
-  the HF Trainer fill is a warning saying it must be resolved first; one that
-  nothing fills is an error.
+- ``target="auto"`` (the default): a config holding ``"auto"`` is judged for
+  the HF Trainer (DeepSpeed itself has no ``"auto"``: the values say who the
+  config is for), any other for DeepSpeed.
+- ``target="deepspeed"``: an ``"auto"`` that ``resolve()`` and the HF Trainer
+  fill must be resolved first: an error where DeepSpeed fails on it (a batch
+  key, ``gradient_clipping``: a ``TypeError``), a warning where it silently
+  reads it as unset; one that nothing fills is an error.
 - ``target="hf"`` (the config goes to the HF Trainer / Accelerate): the
   ``"auto"`` values the HF Trainer fills are fine; those Accelerate fills from
   its own settings (``zero_optimization.stage``, offload devices and paths)
@@ -54,13 +58,14 @@ import attrs
 
 from ..config import ConfigFields
 from ..config.fields import describe
+from ..config.walk import auto_paths
 from ..env.versions import installed_tuple
 from ..errors import InvalidValueError, Problem, error_of
 from . import autos, batch, engine, parser, silent
 from .batch import batch_triangle
 from .facts import REGISTERED, Diagnostic, Facts, Rule, Target
 
-__all__ = ["RULES", "Diagnostic", "batch_triangle", "check", "deepspeed_version", "validate"]
+__all__ = ["RULES", "TARGETS", "Diagnostic", "batch_triangle", "check", "deepspeed_version", "target_of", "validate"]
 
 RULES: dict[str, Rule] = {
     name: rule
@@ -77,16 +82,18 @@ def deepspeed_version() -> tuple[int, ...] | None:
 
 
 def validate(
-    config: ConfigFields, *, world_size: int | None = None, target: str = "deepspeed", resolved: bool = False
+    config: ConfigFields, *, world_size: int | None = None, target: str = "auto", resolved: bool = False
 ) -> list[Diagnostic]:
     """Every problem of ``config``: errors first, then warnings.
 
     ``world_size`` (the number of processes) enables the batch-divisibility check; ``target`` is ``"deepspeed"``
-    (the config goes to DeepSpeed as is) or ``"hf"`` (to the HF Trainer / Accelerate, which fill their
-    ``"auto"`` values); ``resolved=True`` says the config should have no ``"auto"`` left.
+    (the config goes to DeepSpeed as is), ``"hf"`` (to the HF Trainer / Accelerate, which fill their ``"auto"``
+    values) or ``"auto"`` (``"hf"`` when the config holds an ``"auto"``, else ``"deepspeed"``); ``resolved=True``
+    says the config should have no ``"auto"`` left.
     """
-    if target not in ("deepspeed", "hf"):
-        raise InvalidValueError(Problem("target", f"got {describe(target)}, expected one of 'deepspeed', 'hf'"))
+    if target not in TARGETS:
+        raise InvalidValueError(Problem("target", f"got {describe(target)}, expected one of 'auto', 'deepspeed', 'hf'"))
+    target = target_of(config, target)
     if world_size is not None and (not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1):
         raise InvalidValueError(Problem("world_size", f"got {describe(world_size)}, expected an integer >= 1"))
     facts = Facts(config, world_size, cast(Target, target), resolved, deepspeed_version())
@@ -101,9 +108,18 @@ def validate(
     return errors + warnings
 
 
-def check(
-    config: ConfigFields, *, world_size: int | None = None, target: str = "deepspeed", resolved: bool = False
-) -> None:
+TARGETS = ("auto", "deepspeed", "hf")
+"""Who a config is judged for (``validate``'s ``target``)."""
+
+
+def target_of(config: ConfigFields, target: str) -> str:
+    """``target``, with ``"auto"`` decided by the config: ``"hf"`` when it holds an ``"auto"``, else ``"deepspeed"``."""
+    if target != "auto":
+        return target
+    return "hf" if auto_paths(config) else "deepspeed"
+
+
+def check(config: ConfigFields, *, world_size: int | None = None, target: str = "auto", resolved: bool = False) -> None:
     """Raise one ``ConfigError`` listing every error of ``config`` (warnings do not raise).
 
     The error is an ``UnresolvedAutoError`` when every problem is an ``"auto"`` left over.

@@ -53,9 +53,12 @@ def autos(f: Facts) -> Iterator[Diagnostic]:
                 "set a value, or remove the key for DeepSpeed's default",
             )
         elif filler is not None:
-            if path in BATCH_KEYS or path == "gradient_clipping":
-                consequence = "DeepSpeed fails on it with a TypeError"
-            elif path in ("fp16.enabled", "bf16.enabled"):
+            if path in BATCH_KEYS or path == "gradient_clipping":  # the file as written does not run: an error
+                yield f.error(
+                    path, '"auto" must be resolved first: DeepSpeed fails on it with a TypeError', _RESOLVE_HINT
+                )
+                continue
+            if path in ("fp16.enabled", "bf16.enabled"):
                 consequence = "DeepSpeed reads it as false and trains in fp32"
             else:
                 consequence = "DeepSpeed reads it as unset and uses its default"

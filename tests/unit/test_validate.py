@@ -176,15 +176,15 @@ ROWS: list[tuple[str, Source, dict[str, Any], str, str, str]] = [
      "train_batch_size", "error", "30 is not a multiple of train_micro_batch_size_per_gpu 4 x gradient_accumulation_steps 2 = 8, so no world size fits"),
     ("sequence-parallel", cfg(sequence_parallel_size=3), {"world_size": 8},
      "sequence_parallel_size", "error", "3 does not divide the world size 8"),
-    ("auto-precision", cfg(bf16={"enabled": "auto"}), {},
+    ("auto-precision", cfg(bf16={"enabled": "auto"}), {"target": "deepspeed"},
      "bf16.enabled", "warning", '"auto" must be resolved first: DeepSpeed reads it as false and trains in fp32'),
-    ("auto-batch", {"train_micro_batch_size_per_gpu": "auto"}, {},
-     "train_micro_batch_size_per_gpu", "warning", '"auto" must be resolved first: DeepSpeed fails on it with a TypeError'),
-    ("auto-unfilled", cfg(zero_optimization={"stage": "auto"}), {},
+    ("auto-batch", {"train_micro_batch_size_per_gpu": "auto"}, {"target": "deepspeed"},
+     "train_micro_batch_size_per_gpu", "error", '"auto" must be resolved first: DeepSpeed fails on it with a TypeError'),
+    ("auto-unfilled", cfg(zero_optimization={"stage": "auto"}), {"target": "deepspeed"},
      "zero_optimization.stage", "error", '"auto" is not filled here by resolve() or the HF Trainer'),
     ("auto-unfilled-hf", cfg(optimizer={"type": "AdamW", "params": {"amsgrad": "auto"}}), {"target": "hf"},
      "optimizer.params.amsgrad", "error", '"auto" is not filled here by the HF Trainer (Accelerate stops on it)'),
-    ("auto-bucket-below-3", cfg(zero_optimization={"stage": 2, "stage3_prefetch_bucket_size": "auto"}), {},
+    ("auto-bucket-below-3", cfg(zero_optimization={"stage": 2, "stage3_prefetch_bucket_size": "auto"}), {"target": "deepspeed"},
      "zero_optimization.stage3_prefetch_bucket_size", "error", '"auto" is filled only at stage 3 (by resolve() and the HF Trainer), got stage 2'),
     ("auto-filled-by-accelerate", cfg(zero_optimization={"stage": "auto"}), {"target": "hf"},
      "zero_optimization.stage", "warning", '"auto" is filled by Accelerate from its own zero_stage setting'),
@@ -260,13 +260,16 @@ def test_good_config_has_no_diagnostics() -> None:
 
 
 def test_hf_preset_style_config_is_useful_by_default() -> None:
-    """An all-"auto" HF config is not "invalid" by default: its autos are warnings that say how to resolve them."""
+    """An all-"auto" HF config is judged for the HF Trainer by default (its "auto" values say who it is for): clean.
+    Judged for DeepSpeed as written, the autos DeepSpeed fails on (the batch keys) are errors, those it reads as
+    unset warnings, each saying how to resolve them."""
     config = Config.zero(3).bf16(enabled=AUTO).adamw(lr=AUTO).batch(micro=AUTO, grad_accum=AUTO)
     config = config.zero_options(stage3_gather_16bit_weights_on_model_save=True)
-    found = validate(config)
-    assert [d.severity for d in found] == ["warning"] * 4
+    assert validate(config) == validate(config, target="hf") == []
+    found = validate(config, target="deepspeed")
+    assert [d.severity for d in found] == ["error", "error", "warning", "warning"]
     assert all("cfg.resolve(...)" in (d.hint or "") for d in found)
-    assert validate(config, target="hf") == []
+    assert validate(Config.zero(2).batch(micro=2)) == validate(Config.zero(2).batch(micro=2), target="deepspeed")
     with pytest.raises(UnresolvedAutoError):
         check(config, resolved=True)
 
