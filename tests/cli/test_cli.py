@@ -227,7 +227,7 @@ def test_validate_presets_by_name_for_the_hf_trainer(capsys: pytest.CaptureFixtu
     code, out, _ = run(capsys, "validate", "hf_zero3")  # its "auto" values say it is for the HF Trainer
     assert (code, out) == (0, "hf_zero3: ok\n1 config checked, 0 errors, 0 warnings\n")
     code, out, _ = run(capsys, "validate", "--target", "deepspeed", "hf_zero3")  # as written, DeepSpeed fails on it
-    assert code == 1 and "train_batch_size: \"auto\" must be resolved first: DeepSpeed fails on it" in out
+    assert code == 1 and 'train_batch_size: "auto" must be resolved first: DeepSpeed fails on it' in out
 
 
 def test_validate_removed_section_exits_1(capsys: pytest.CaptureFixture[str], removed: Path) -> None:
