@@ -237,6 +237,32 @@ def forward_loss(
     return loss_of(engine(*args, **kwargs))
 
 
+def evaluation_sums(
+    engine: Any, loader: Any, model: Any, loss_fn: Callable[[Any, Any], Any] | None
+) -> tuple[float, float]:
+    """``(sum of batch losses × samples, samples)`` over ``loader`` without gradients, on this process (the model
+    put back in training mode after). A sequence-parallel shard's batch counts with its whole batch's loss."""
+    from . import parallel
+
+    was_training = engine.module.training
+    engine.eval()
+    total, count = 0.0, 0.0
+    try:
+        with torch.no_grad():
+            for batch in loader:
+                batch = to_device(batch, engine.device)
+                loss = forward_loss(engine, batch, model, loss_fn)
+                n = counts(batch)[0] or 1
+                if isinstance(loader, parallel.SequenceShards):  # this rank's shard: the batch's loss is its group's
+                    loss, n = parallel.whole_batch_loss(loss, batch, loader.samples)
+                total += float(loss.float()) * n
+                count += n
+    finally:
+        if was_training:
+            engine.train()
+    return total, count
+
+
 def micro_step(
     engine: Any,
     batch: Any,

@@ -21,15 +21,14 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from ..api import Config
 from ..errors import ConfigError, Problem, SessionError, UnresolvedAutoError
 from ..outputs import history, manifest
 from ..outputs.run_folder import RunFolder
+from ..resolve.batch import degrees
 from ..resolve.training import Training
-from . import batches, checkpoints, distributed, export, loop, sequence, weights_only
-from .batches import StepOutput, counts, forward_loss, micro_step, to_device
+from . import batches, checkpoints, distributed, export, loop, parallel, weights_only
+from .batches import StepOutput, micro_step
 from .export import lora_fingerprint, model_fingerprint
 from .setup import (
     DEFAULT_SEED,
@@ -132,20 +131,9 @@ class Session:
         if self.training is not None:
             seed_everything(self.training.seed)
 
-        if self.tensor_parallel_size > 1 and export.is_peft(model):
-            raise SessionError(
-                "tensor_parallel.autotp_size with LoRA: dsbuild does not split peft's adapters over a tensor-parallel "
-                "group; train LoRA with ZeRO instead"
-            )
-        if self.sequence_parallel_size > 1 and self.tensor_parallel_size > 1:
-            raise SessionError(
-                "sequence_parallel_size and tensor_parallel.autotp_size together: dsbuild trains one or the other"
-            )
-        if self.sequence_parallel_size > 1 and not self._average_tokens:
-            raise SessionError(
-                "training.average_tokens_across_devices = false: sequence parallelism counts a step's trained tokens "
-                "over every process (a group's shards are one sample's); leave it true"
-            )
+        refused = parallel.refusal(model, self.sequence_parallel_size, self.tensor_parallel_size, self._average_tokens)
+        if refused is not None:
+            raise SessionError(refused)
         distributed.init(self.training.ddp_timeout if self.training is not None else None)
         self._engine: DeepSpeedEngine | None = None
         # Where training is in the data: the epoch, the micro-batches of it consumed, and the torch RNG
@@ -336,17 +324,11 @@ class Session:
 
     @property
     def _loss_scale(self) -> int:
-        """What a token-weighted micro-batch loss is multiplied by before DeepSpeed's backward: the processes that
-        counted the step's tokens together, over those DeepSpeed averages gradients across (the HF Trainer's
-        ``num_processes`` factor). DeepSpeed 0.19.8 reduces a sequence-parallel group's gradients two ways: ZeRO-3
-        averages them over every rank, ZeRO 0-2 sum them over the group and average over the data-parallel ranks
-        (tests/integration/test_parallelism.py holds both to the 1-process run)."""
+        """The token-weighted loss's multiplier before DeepSpeed's backward (``parallel.loss_scale``)."""
         if not self._average_tokens:
             return 1
         sp, tp = self.sequence_parallel_size, self.tensor_parallel_size
-        if tp > 1:  # a tensor-parallel group is one data-parallel replica (the HF Trainer's num_processes // tp_size)
-            return self.world_size // tp
-        return self.world_size if sp == 1 or self.run_facts.zero_stage == 3 else self.world_size // sp
+        return parallel.loss_scale(self.world_size, sp, tp, self.run_facts.zero_stage)
 
     @property
     def _average_tokens(self) -> bool:
@@ -451,20 +433,18 @@ class Session:
         sp = self.sequence_parallel_size
         if sp == 1:
             return loader
-        return sequence.SequenceShards(loader, sp, self.micro_batch_size, lambda: self.engine.device)
+        return parallel.SequenceShards(loader, sp, self.micro_batch_size, lambda: self.engine.device)
 
     @property
     def tensor_parallel_size(self) -> int:
         """The run's AutoTP degree (``tensor_parallel.autotp_size``; 1: none): DeepSpeed splits each linear layer's
         weights over a group of that many consecutive ranks, which train on the same batches."""
-        tp = self._config.tensor_parallel
-        size = tp.autotp_size if tp is not None else None
-        return size if isinstance(size, int) and size > 1 else 1
+        return degrees(self._config)[1]
 
     @property
     def sequence_parallel_size(self) -> int:
         """The run's Ulysses sequence-parallel degree (1: none; docs/session.md)."""
-        return sequence.degree({"sequence_parallel_size": self._config.sequence_parallel_size})
+        return degrees(self._config)[0]
 
     def write_events(self, prefix: str, record: Mapping[str, Any]) -> None:
         """Metrics to DeepSpeed's monitors (CSV, TensorBoard, W&B, Comet: whatever the config enables)."""
@@ -505,22 +485,7 @@ class Session:
         # Sequence parallelism: DeepSpeed's attention is built for the micro-batch size, so evaluation batches are no larger.
         size = self.micro_batch_size if self.sequence_parallel_size > 1 else batch_size or self.infer_batch_size
         loader = self.data_loader(data, size, shuffle=False, collate_fn=collate_fn)
-        was_training = engine.module.training
-        engine.eval()
-        total, count = 0.0, 0.0
-        try:
-            with torch.no_grad():
-                for batch in loader:
-                    batch = to_device(batch, engine.device)
-                    loss = forward_loss(engine, batch, self._model, loss_fn)
-                    n = counts(batch)[0] or 1
-                    if self.sequence_parallel_size > 1:  # this rank's shard: the batch's loss is its group's
-                        loss, n = sequence.whole_batch_loss(loss, batch, loader.samples)
-                    total += float(loss.float()) * n
-                    count += n
-        finally:
-            if was_training:
-                engine.train()
+        total, count = batches.evaluation_sums(engine, loader, self._model, loss_fn)
         total, count = distributed.all_sum([total, count], engine.device)
         # A tensor-parallel group's ranks evaluate the same batches: each batch counts once.
         total, count = total / self.tensor_parallel_size, count / self.tensor_parallel_size

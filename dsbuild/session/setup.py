@@ -19,7 +19,7 @@ from ..outputs.run_folder import RunFolder
 from ..resolve.training import REPORT_TO, Training
 from ..validate import check
 from ..validate.feature_table import refusals
-from . import building, distributed, sequence
+from . import building, distributed, parallel
 
 __all__ = [
     "DEFAULT_SEED",
@@ -223,10 +223,10 @@ def start_engine(
     refusal = deepcompile_refusal(ds_config)
     if refusal is not None:
         raise SessionError(f"compile.deepcompile: {refusal}")
-    sp = sequence.degree(ds_config)
+    sp = parallel.degree(ds_config)
     micro = ds_config.get("train_micro_batch_size_per_gpu")
     mpu = (
-        sequence.register(model, sp, micro if isinstance(micro, int) else 1, distributed.world_size())
+        parallel.register(model, sp, micro if isinstance(micro, int) else 1, distributed.world_size())
         if sp > 1
         else None
     )

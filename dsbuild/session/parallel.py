@@ -1,4 +1,5 @@
-"""Ulysses sequence parallelism (``sequence_parallel_size``), as DeepSpeed runs it for HF models (ALST).
+"""Parallelism beyond data parallelism: Ulysses sequence parallelism (``sequence_parallel_size``), as DeepSpeed runs it
+for HF models (ALST), and what AutoTP (``tensor_parallel.autotp_size``) changes in the loss.
 
 Each sample's sequence is cut into ``sequence_parallel_size`` shards, one per rank of a sequence-parallel group; in
 each attention layer DeepSpeed's ``UlyssesSPAttentionHF`` exchanges shards for heads (all-to-all), so every rank
@@ -22,7 +23,7 @@ from typing import Any
 
 from ..errors import SessionError
 
-__all__ = ["SequenceShards", "degree", "register", "whole_batch_loss"]
+__all__ = ["SequenceShards", "degree", "loss_scale", "refusal", "register", "whole_batch_loss"]
 
 
 def degree(ds_config: dict[str, Any]) -> int:
@@ -190,13 +191,42 @@ def whole_batch_loss(shard_loss: Any, batch: Any, samples: int) -> tuple[Any, in
     import torch
     import torch.distributed as dist
 
-    from .batches import trained_tokens
-
     sp_group, sp_rank, size = group()
-    tokens = trained_tokens(batch) or 0
+    tokens = int((batch["shift_labels"] != -100).sum())
     mine = torch.tensor([float(shard_loss) * tokens if tokens else 0.0, float(tokens)], dtype=torch.float64)
     gathered = [torch.zeros_like(mine) for _ in range(size)]
     dist.all_gather(gathered, mine.to(shard_loss.device), group=sp_group)
     total = torch.stack([g.cpu() for g in gathered]).sum(0)
     mean = total[0] / total[1] if total[1] > 0 else torch.tensor(0.0, dtype=torch.float64)
     return mean, samples if sp_rank == 0 else 0
+
+
+def loss_scale(world_size: int, sp: int, tp: int, zero_stage: int) -> int:
+    """What a token-weighted micro-batch loss is multiplied by before DeepSpeed's backward: the processes that
+    counted the step's tokens together, over those DeepSpeed averages gradients across (the HF Trainer's
+    ``num_processes`` factor). A tensor-parallel group is one data-parallel replica (``num_processes // tp_size``).
+    DeepSpeed 0.19.8 reduces a sequence-parallel group's gradients two ways: ZeRO-3 averages them over every rank,
+    ZeRO 0-2 sum them over the group and average over the data-parallel ranks (tests/integration/test_parallelism.py
+    holds both to the 1-process run)."""
+    if tp > 1:
+        return world_size // tp
+    return world_size if sp == 1 or zero_stage == 3 else world_size // sp
+
+
+def refusal(model: Any, sp: int, tp: int, average_tokens: bool) -> str | None:
+    """Why a Session cannot train ``model`` with these degrees, or ``None``."""
+    from .export import is_peft
+
+    if tp > 1 and is_peft(model):
+        return (
+            "tensor_parallel.autotp_size with LoRA: dsbuild does not split peft's adapters over a tensor-parallel "
+            "group; train LoRA with ZeRO instead"
+        )
+    if sp > 1 and tp > 1:
+        return "sequence_parallel_size and tensor_parallel.autotp_size together: dsbuild trains one or the other"
+    if sp > 1 and not average_tokens:
+        return (
+            "training.average_tokens_across_devices = false: sequence parallelism counts a step's trained tokens "
+            "over every process (a group's shards are one sample's); leave it true"
+        )
+    return None
