@@ -101,6 +101,9 @@ class Row:
     """``gpu_total_bytes`` within the GPU and, for rows that offload, ``cpu_bytes_per_node`` within the CPU budget (one
     not given always fits). A row without offload is not held to DeepSpeed's cold estimate of the host memory that
     loading the fp32 model in every process takes: transformers loads a checkpoint shard by shard."""
+    max_micro_batch: int | None = None
+    """The most sequences per GPU per step whose activations fit beside the model states and the headroom (0: not
+    even one); ``None`` without a GPU budget or the model's shape."""
 
     @property
     def label(self) -> str:
@@ -278,10 +281,17 @@ def plan(
         else None
     )
     per_gpu = kept + (acts.total if acts is not None else 0)
+    # Activations grow with the micro-batch: what one sequence takes gives the most that fit in each row.
+    per_sequence = acts.total // micro_batch if acts is not None else None
 
     factor = float(additional_buffer_factor)
     rows = tuple(
-        _row(stage, opt, par, total, largest, gpus_per_node, nodes, factor, per_gpu, gpu_budget, cpu_budget)
+        _with_largest_micro_batch(
+            _row(stage, opt, par, total, largest, gpus_per_node, nodes, factor, per_gpu, gpu_budget, cpu_budget),
+            gpu_budget,
+            kept,
+            per_sequence,
+        )
         for stage, opt, par in SPEED_ORDER
     )
     chosen = next((r for r in rows if r.fits and (nvme_path is not None or not _on_nvme(r))), None)
@@ -422,6 +432,13 @@ def _row(
         nvme_bytes=nvme,
         fits=fits,
     )
+
+
+def _with_largest_micro_batch(row: Row, gpu_budget: int | None, kept: int, per_sequence: int | None) -> Row:
+    if gpu_budget is None or not per_sequence:
+        return row
+    room = gpu_budget - kept - row.gpu_bytes_per_device
+    return attrs.evolve(row, max_micro_batch=max(room // per_sequence, 0))
 
 
 def _config_for(row: Row, largest: int, world_size: int, nvme_path: str) -> Config:

@@ -27,7 +27,10 @@ def format_plan_table(plan: Plan) -> str:
         lines.append(textwrap.fill(line, width=_WIDTH, subsequent_indent="  ", break_on_hyphens=False))
     cpu = f"CPU {gib(plan.cpu_memory)} per node" if plan.cpu_memory is not None else "CPU not given"
     lines += [f"{cpu}; sizes in GiB per GPU (CPU and NVMe per node); rows fastest first", ""]
-    header = ("", "stage", "optimizer", "params", "states", "+activations", "+headroom", "=GPU", "CPU", "NVMe", "fits")
+    header = (
+        "", "stage", "optimizer", "params", "states", "+activations", "+headroom", "=GPU", "CPU", "NVMe", "fits",
+        "max micro",
+    )  # fmt: skip
     table = [header]
     acts, kept = _number(plan.activation_bytes), _number(plan.headroom_bytes)
     for r in plan.rows:
@@ -44,10 +47,11 @@ def format_plan_table(plan: Plan) -> str:
                 _number(r.cpu_bytes_per_node),
                 _number(r.nvme_bytes) if r.nvme_bytes else "-",
                 "yes" if r.fits else "no",
+                str(r.max_micro_batch) if r.max_micro_batch is not None else "-",
             )
         )
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    right = set(range(4, 10))
+    right = {*range(4, 10), 11}
     for row in table:
         cells = [
             cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))
@@ -123,6 +127,7 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
             "cpu_bytes_per_node": r.cpu_bytes_per_node,
             "nvme_bytes": r.nvme_bytes,
             "fits": r.fits,
+            "max_micro_batch": r.max_micro_batch,
             "recommended": r is plan.recommended_row,
         }
         for r in plan.rows

@@ -774,8 +774,8 @@ def test_table_marks_the_pick_and_says_activations_are_left_out() -> None:
         "CPU not given; sizes in GiB per GPU (CPU and NVMe per node); rows fastest first",
     ]
     marked = [line for line in lines if line.startswith("*")]
-    assert marked == ["*  2      cpu        none     13.04             ?       4.40   17.44  312.92       -  yes"]
-    assert sum(1 for line in lines if line.endswith((" yes", " no"))) == 14
+    assert marked == ["*  2      cpu        none     13.04             ?       4.40   17.44  312.92       -  yes           -"]
+    assert sum(1 for line in lines if line.split()[-2:-1] in (["yes"], ["no"])) == 14
     assert "recommended (*): ZeRO-2, optimizer on CPU is the fastest choice" in text
     assert "  - activations are NOT counted" in text
 
@@ -791,9 +791,10 @@ def test_table_shows_states_activations_headroom_and_the_total() -> None:
         "CPU not given; sizes in GiB per GPU (CPU and NVMe per node); rows fastest first",
     ]
     header = ["stage", "optimizer", "params", "states", "+activations", "+headroom", "=GPU", "CPU", "NVMe", "fits"]
+    header += ["max", "micro"]
     assert lines[6].split() == header
-    assert "   3      none       none      77.84          5.26      10.00    93.10    46.97       -  no" in lines
-    assert "*  3      cpu        none      12.13          5.26      10.00    27.39   788.50       -  yes" in lines
+    assert "   3      none       none      77.84          5.26      10.00    93.10    46.97       -  no            0" in lines
+    assert "*  3      cpu        none      12.13          5.26      10.00    27.39   788.50       -  yes          11" in lines
 
 
 def test_table_without_a_pick_says_why() -> None:
@@ -820,6 +821,7 @@ def test_plan_to_json_is_json() -> None:
         "gpu_total_bytes": 140_000_000_000 + 2 * GiB + 24 * GiB // 10,
         "cpu_bytes_per_node": 336_000_000_000,
         "nvme_bytes": 0,
+        "max_micro_batch": None,
         "fits": False,
         "recommended": False,
     }
@@ -879,3 +881,32 @@ def test_sequence_parallelism_divides_every_activation_part() -> None:
     one = activations(1, 8192, 4096, 32, num_heads=32, vocab_size=128256)
     two = activations(1, 8192, 4096, 32, num_heads=32, vocab_size=128256, sequence_parallel=2)
     assert (two.layer_inputs, two.layers, two.logits) == (one.layer_inputs // 2, one.layers // 2, one.logits // 2)
+
+
+def test_each_row_gives_the_largest_micro_batch_that_fits_the_gpu(tmp_path: Path) -> None:
+    """A row's max_micro_batch is the most sequences whose activations fit beside its states and the headroom:
+    planned at that micro-batch the row's GPU total fits, one more does not."""
+    import json
+
+    from dsbuild import plan
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32000,
+    }))  # fmt: skip
+    base = plan(model=config, gpus_per_node=8, gpu_memory="80GiB", seq_len=4096)
+    assert [r.max_micro_batch for r in base.rows][:3] == [0, 7, 9]
+    for i, row in enumerate(base.rows):
+        m = row.max_micro_batch
+        assert m is not None
+        if m:
+            assert (
+                plan(model=config, gpus_per_node=8, gpu_memory="80GiB", seq_len=4096, micro_batch=m)
+                .rows[i]
+                .gpu_total_bytes
+                <= 80 * 2**30
+            )
+        wider = plan(model=config, gpus_per_node=8, gpu_memory="80GiB", seq_len=4096, micro_batch=m + 1)
+        assert wider.rows[i].gpu_total_bytes > 80 * 2**30
+    assert all(r.max_micro_batch is None for r in plan(model=config, gpus_per_node=8, seq_len=4096).rows)
