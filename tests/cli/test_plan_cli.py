@@ -51,7 +51,10 @@ def test_the_70b_example_recommends_what_fits_after_activations_and_headroom(
     assert "GPU 80.00 GiB less headroom 10.00 GiB (2.00 GiB + 10% of the GPU) = 70.00 GiB usable" in lines[1]
     assert lines[2].startswith("activations 5.26 GiB = 80 layer inputs 2.50 + one layer recomputed 1.78")
     assert "seq 2048" in out and "micro-batch 1, gradient checkpointing;" in out
-    assert "   3      none       none      77.84          5.26      10.00    93.10    46.97       -  no            0" in lines
+    assert (
+        "   3      none       none      77.84          5.26      10.00    93.10    46.97       -  no            0"
+        in lines
+    )
     assert [line for line in lines if line.startswith("*")] == [
         "*  3      cpu        none      12.13          5.26      10.00    27.39   788.50       -  yes          11"
     ]

@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 import torch

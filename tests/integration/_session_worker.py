@@ -15,7 +15,6 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 from _session_common import TokenData, tiny_llama

@@ -9,7 +9,6 @@ import math
 import os
 import pickle
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("deepspeed")
 pytest.importorskip("transformers")
 
-sys.path.insert(0, str(Path(__file__).parent))
 
 from _session_common import TokenData, tiny_llama  # noqa: E402
 

@@ -83,7 +83,6 @@ def assert_same(a: dict[str, Any], b: dict[str, Any]) -> None:
 
 def mean_of_means(samples: list[dict[str, list[int]]], accumulation: int) -> float:
     """The first step's loss as the per-micro-batch mean would log it, with the weights every side starts from."""
-    sys.path.insert(0, str(HERE))
     import _loss_parity_worker as worker
 
     net = worker.model()

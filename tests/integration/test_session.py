@@ -279,9 +279,8 @@ def test_dict_batch_without_a_loss_is_a_clear_error() -> None:
 
 _BAD_CONFIG = textwrap.dedent(
     """
-    import os, sys
+    import os
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    sys.path.insert(0, {here!r})
     import torch
     from _session_common import tiny_llama
     from transformers import AutoModelForCausalLM
@@ -312,8 +311,8 @@ _BAD_CONFIG = textwrap.dedent(
 @pytest.mark.slow
 def test_bad_config_fails_before_any_process_group_exists() -> None:
     """A config DeepSpeed would reject raises ConfigError before a process group, a zero.Init or an engine."""
-    code = _BAD_CONFIG.format(here=str(Path(__file__).parent))
-    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    code = _BAD_CONFIG
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(Path(__file__).parent)}
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)

@@ -774,7 +774,9 @@ def test_table_marks_the_pick_and_says_activations_are_left_out() -> None:
         "CPU not given; sizes in GiB per GPU (CPU and NVMe per node); rows fastest first",
     ]
     marked = [line for line in lines if line.startswith("*")]
-    assert marked == ["*  2      cpu        none     13.04             ?       4.40   17.44  312.92       -  yes           -"]
+    assert marked == [
+        "*  2      cpu        none     13.04             ?       4.40   17.44  312.92       -  yes           -"
+    ]
     assert sum(1 for line in lines if line.split()[-2:-1] in (["yes"], ["no"])) == 14
     assert "recommended (*): ZeRO-2, optimizer on CPU is the fastest choice" in text
     assert "  - activations are NOT counted" in text
@@ -793,8 +795,14 @@ def test_table_shows_states_activations_headroom_and_the_total() -> None:
     header = ["stage", "optimizer", "params", "states", "+activations", "+headroom", "=GPU", "CPU", "NVMe", "fits"]
     header += ["max", "micro"]
     assert lines[6].split() == header
-    assert "   3      none       none      77.84          5.26      10.00    93.10    46.97       -  no            0" in lines
-    assert "*  3      cpu        none      12.13          5.26      10.00    27.39   788.50       -  yes          11" in lines
+    assert (
+        "   3      none       none      77.84          5.26      10.00    93.10    46.97       -  no            0"
+        in lines
+    )
+    assert (
+        "*  3      cpu        none      12.13          5.26      10.00    27.39   788.50       -  yes          11"
+        in lines
+    )
 
 
 def test_table_without_a_pick_says_why() -> None:
