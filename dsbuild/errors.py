@@ -8,7 +8,7 @@ are reported together, one per line.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Literal
+from typing import Final, Literal
 
 import attrs
 
@@ -27,6 +27,7 @@ __all__ = [
     "UnknownKeyError",
     "UnresolvedAutoError",
     "error_of",
+    "needs_hint",
 ]
 
 Kind = Literal["invalid-value", "unknown-key", "conflict", "unresolved-auto", "rule"]
@@ -46,6 +47,9 @@ class Problem:
     """What to do about it, when we can tell."""
     kind: Kind = attrs.field(default="invalid-value", eq=False)
     """What sort of problem it is (not part of equality: two problems that read the same are the same)."""
+    needs: tuple[str, ...] = attrs.field(default=(), eq=False)
+    """The ``resolve()`` arguments that would give what is missing (``("training",)``, ``("model", "hidden_size")``):
+    the hint when there is no other, said as arguments by the library (``needs_hint``) and as options by the CLI."""
 
     @classmethod
     def unknown_key(cls, path: str, hint: str | None = None) -> Problem:
@@ -61,7 +65,22 @@ class Problem:
 
     def __str__(self) -> str:
         text = f"{self.path}: {self.message}" if self.path else self.message
-        return f"{text} ({self.hint})" if self.hint else text
+        hint = self.hint or needs_hint(self.needs)
+        return f"{text} ({hint})" if hint else text
+
+
+ARGUMENTS: Final = {
+    "training": "training=...",
+    "total_steps": "total_steps=...",
+    "model": "model=",
+    "hidden_size": "hidden_size=",
+}
+"""How the library's hints name ``resolve()``'s arguments (``Problem.needs``)."""
+
+
+def needs_hint(needs: tuple[str, ...]) -> str | None:
+    """``"pass model= or hidden_size="``: the hint for what ``needs`` names; ``None`` for nothing."""
+    return "pass " + " or ".join(ARGUMENTS[name] for name in needs) if needs else None
 
 
 class DsbuildError(Exception):

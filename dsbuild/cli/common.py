@@ -100,7 +100,7 @@ def diagnose_job(
 
 def as_diagnostics(e: ConfigError) -> list[Diagnostic]:
     """The values ``from_dict`` rejects, as ``validate`` lists them: one error diagnostic per problem."""
-    return [Diagnostic(p.path, "error", p.message, p.hint) for p in e.problems]
+    return [Diagnostic(p.path, "error", p.message, p.hint, needs=p.needs) for p in e.problems]
 
 
 def load_problems(ref: str, sets: Sequence[str]) -> list[Diagnostic]:
@@ -146,14 +146,14 @@ def load_ref(ref: str, *, lenient: bool = False) -> Config:
 def judged(config: Config, where: str) -> Config:
     """``config`` when ``validate`` finds no error in it (its warnings printed as ``dsbuild: warning:`` lines naming
     ``where``); else ``ConfigError`` listing its errors, as ``validate`` words them (exit 1)."""
-    from .output import warning
+    from .output import said, warning
 
     found = validate(config)
-    errors = [Problem(d.path, d.message, d.hint) for d in found if d.severity == "error"]
+    errors = [Problem(d.path, d.message, d.hint, needs=d.needs) for d in found if d.severity == "error"]
     if errors:
         raise ConfigError(errors, source=where, checks=True)
     for d in found:
-        warning(f"{where}: {d}")
+        warning(f"{where}: {said(d)}")
     return config
 
 

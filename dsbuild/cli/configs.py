@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import DsbuildError, UnresolvedAutoError
 from .args import CONSUMERS, FORMATS, Commands, add_run_facts, add_target, positive_int
-from .output import counts, error, escape, escape_lines, for_the_command_line, out, plural, report
+from .output import counts, error, escape, escape_lines, out, plural, report, said
 
 if TYPE_CHECKING:
     from ..validate import Diagnostic
@@ -206,7 +206,7 @@ def _ds_config_path(output: Path, given: Path | None) -> Path | None:
 def _not_written(ref: str, errors: list[Diagnostic]) -> int:
     """``export --check`` refusing: each error as ``validate`` words it, then what happened; exit 1."""
     for d in errors:
-        error(f"{ref}: {d}")
+        error(f"{ref}: {said(d)}")
     error(f"not written: {plural(len(errors), 'error')}")
     return 1
 
@@ -293,7 +293,7 @@ def _validate(args: argparse.Namespace) -> int:
             if group:
                 out(f" {title}:")
                 for d in group:
-                    out(f"  {escape(for_the_command_line(str(d)))}")
+                    out(f"  {escape(said(d))}")
     n = len(args.configs)
     parts = [f"{plural(n, 'config')} checked", counts(totals["error"], totals["warning"])]
     if unreadable:

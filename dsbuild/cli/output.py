@@ -12,9 +12,12 @@ from __future__ import annotations
 import logging
 import re
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final
 
-from ..errors import ConfigError, DsbuildError
+from ..errors import ConfigError, DsbuildError, Problem
+
+if TYPE_CHECKING:
+    from ..validate import Diagnostic
 
 __all__ = ["counts", "error", "escape", "escape_lines", "out", "plural", "report", "show_logs", "warning"]
 
@@ -74,28 +77,32 @@ def out(text: str, *, end: str = "\n") -> None:
     print(_CONTROL.sub(lambda m: _escaped(m.group()), text), end=end)
 
 
-_FLAGS = (
-    ("pass model= or hidden_size=", "give --hidden-size H or --model DIR"),
-    ("pass hidden_size=", "give --hidden-size H"),
-    ("pass total_steps=...", "give --total-steps N"),
-    ("pass training=...", "give --training FILE or --set training.NAME=VALUE"),
-)
-"""The library's hints name ``resolve()``'s arguments; on the command line the same facts are these options."""
+OPTIONS: Final = {
+    "hidden_size": "--hidden-size H",
+    "model": "--model DIR",
+    "total_steps": "--total-steps N",
+    "training": "--training FILE or --set training.NAME=VALUE",
+}
+"""The command's options for what ``resolve()`` would be passed (``Problem.needs``), in the order they are offered."""
 
 
-def for_the_command_line(text: str) -> str:
-    """``text`` with the hints that name ``resolve()``'s arguments naming the command's options instead."""
-    for python, flag in _FLAGS:
-        text = text.replace(python, flag)
-    return text
+def said(item: Problem | Diagnostic) -> str:
+    """A problem or finding as the command line says it: what is missing named as the command's options
+    (``give --hidden-size H``) where the library names ``resolve()``'s arguments (``pass hidden_size=``)."""
+    if item.needs and not item.hint:
+        import attrs  # the parsers import this module: keep it light
+
+        options = " or ".join(OPTIONS[name] for name in OPTIONS if name in item.needs)
+        item = attrs.evolve(item, hint=f"give {options}")
+    return str(item)
 
 
 def error(text: str) -> None:
-    print(f"dsbuild: error: {escape_lines(for_the_command_line(text))}", file=sys.stderr)
+    print(f"dsbuild: error: {escape_lines(text)}", file=sys.stderr)
 
 
 def warning(text: str) -> None:
-    print(f"dsbuild: warning: {escape_lines(for_the_command_line(text))}", file=sys.stderr)
+    print(f"dsbuild: warning: {escape_lines(text)}", file=sys.stderr)
 
 
 def report(exc: DsbuildError) -> None:
@@ -103,7 +110,7 @@ def report(exc: DsbuildError) -> None:
     if isinstance(exc, ConfigError):
         where = f"{escape(exc.source)}: " if exc.source else ""
         for problem in exc.problems:
-            error(f"{where}{escape(str(problem))}")
+            error(f"{where}{escape(said(problem))}")
     else:
         error(str(exc))
 

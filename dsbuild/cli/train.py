@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, OutputDirError, RunStopped
 from .args import Commands, node_count, non_negative_int, port_number, positive_int
-from .output import error, escape_lines, out, plural, warning
+from .output import error, escape_lines, out, plural, said, warning
 
 if TYPE_CHECKING:
     from ..validate import Diagnostic
@@ -219,10 +219,10 @@ def _train(args: argparse.Namespace) -> int:
     errors += _refused(job)
     for d in found:
         if d.severity == "warning":
-            warning(f"{path}: {d}")
+            warning(f"{path}: {said(d)}")
     if errors:
         for d in errors:
-            error(f"{path}: {d}")
+            error(f"{path}: {said(d)}")
         error(f"not started: {plural(len(errors), 'error')}")
         return 1
 

@@ -139,7 +139,9 @@ class Job:
             )
         except ConfigError as e:
             return [
-                Diagnostic(_config_path(p.path, self.strategy.overrides), "error", p.message, p.hint, rule="resolve")
+                Diagnostic(
+                    _config_path(p.path, self.strategy.overrides), "error", p.message, p.hint, "resolve", p.needs
+                )
                 for p in e.problems
             ]
         found = validate(resolved, world_size=world, resolved=True)
@@ -149,7 +151,7 @@ class Job:
         """Raise one ``ConfigError`` (``source``: the job file) listing every error of ``validate``; else ``self``."""
         errors = [d for d in self.validate(world_size=world_size) if d.severity == "error"]
         if errors:
-            raise ConfigError([Problem(d.path, d.message, d.hint) for d in errors], source=self.source)
+            raise ConfigError([Problem(d.path, d.message, d.hint, needs=d.needs) for d in errors], source=self.source)
         return self
 
 

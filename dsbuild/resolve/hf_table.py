@@ -60,6 +60,8 @@ class Need(NamedTuple):
 
     message: str
     hint: str | None = None
+    needs: tuple[str, ...] = ()
+    """``resolve()``'s arguments that would give it (``Problem.needs``)."""
 
 
 class RunFacts(Protocol):
@@ -140,7 +142,7 @@ class Fill:
 
 def _argument(name: str) -> Formula:
     """The value of one training argument, by its HF name."""
-    need = Need(f'"auto" needs the training argument {name} (pass training=...)')
+    need = Need(f'"auto" needs the training argument {name}', needs=("training",))
     origin = f"training argument {name}"
 
     def formula(run: RunFacts) -> Fact | Need:
@@ -152,7 +154,7 @@ def _argument(name: str) -> Formula:
 def _train_batch_size(run: RunFacts) -> Fact | Need:
     t = run.training
     if t is None:
-        return Need('"auto" needs per_device_train_batch_size and gradient_accumulation_steps (pass training=...)')
+        return Need('"auto" needs per_device_train_batch_size and gradient_accumulation_steps', needs=("training",))
     micro, accum = t.per_device_train_batch_size, t.gradient_accumulation_steps
     text = f"{run.world_text} × per_device_train_batch_size {micro} × gradient_accumulation_steps {accum}"
     return Fact(run.world_size * micro * accum, text, f"training arguments: {text}")
@@ -161,7 +163,7 @@ def _train_batch_size(run: RunFacts) -> Fact | Need:
 def _betas(run: RunFacts) -> Fact | Need:
     t = run.training
     if t is None:
-        return Need('"auto" needs the training arguments adam_beta1 and adam_beta2 (pass training=...)')
+        return Need('"auto" needs the training arguments adam_beta1 and adam_beta2', needs=("training",))
     return Fact((t.adam_beta1, t.adam_beta2), "[adam_beta1, adam_beta2]", "training arguments adam_beta1, adam_beta2")
 
 
@@ -170,7 +172,7 @@ def _precision(name: str) -> Formula:
 
     def formula(run: RunFacts) -> Fact | Need:
         if run.training is None:
-            return Need(f'"auto" needs the training arguments {name} and {full_eval} (pass training=...)')
+            return Need(f'"auto" needs the training arguments {name} and {full_eval}', needs=("training",))
         value = bool(getattr(run.training, name) or getattr(run.training, full_eval))
         return Fact(value, f"{name} or {full_eval}", f"training arguments {name}, {full_eval}")
 
@@ -199,7 +201,7 @@ def _warmup_num_steps(run: RunFacts) -> Fact | Need:
     """``max(1, args.get_warmup_steps(total))``: HF 5 reads a ``warmup_steps`` below 1 as a ratio of the run."""
     t = run.training
     if t is None:
-        return Need('"auto" needs the training argument warmup_steps (pass training=...)')
+        return Need('"auto" needs the training argument warmup_steps', needs=("training",))
     name, ratio = ("warmup_steps", t.warmup_steps) if t.warmup_steps > 0 else ("warmup_ratio", t.warmup_ratio)
     if t.warmup_steps >= 1 or ratio == 0:
         return Fact(
@@ -208,7 +210,7 @@ def _warmup_num_steps(run: RunFacts) -> Fact | Need:
     total = run.steps()
     if isinstance(total, Need):
         return Need(
-            f'"auto" needs the number of optimizer steps to turn {name}={ratio!r} into steps (pass total_steps=...)'
+            f'"auto" needs the number of optimizer steps to turn {name}={ratio!r} into steps', needs=("total_steps",)
         )
     text = f"{name} {ratio!r} × {total.value} steps"
     return Fact(

@@ -76,8 +76,8 @@ def _training_view(training: Any) -> Training | None:
 
 # -- facts of the run ------------------------------------------------------------
 
-_NEEDS_STEPS = '"auto" needs the number of optimizer steps (pass total_steps=...)'
-_NEEDS_HIDDEN = '"auto" needs the model\'s hidden size (pass model= or hidden_size=)'
+_NEEDS_STEPS = Need('"auto" needs the number of optimizer steps', needs=("total_steps",))
+_NEEDS_HIDDEN = Need('"auto" needs the model\'s hidden size', needs=("model", "hidden_size"))
 
 
 class _Run:
@@ -132,10 +132,10 @@ class _Run:
         if self.hidden_size_arg is not None:
             return Fact(self.hidden_size_arg, "hidden_size", f"hidden_size argument {self.hidden_size_arg}")
         if self.model is None:
-            return Need(_NEEDS_HIDDEN)
+            return _NEEDS_HIDDEN
         found = model_hidden_size(self.model)
         if isinstance(found, str):
-            return Need(f'"auto" needs the model\'s hidden size, but {found}', "pass hidden_size=")
+            return Need(f'"auto" needs the model\'s hidden size, but {found}', needs=("hidden_size",))
         return Fact(found, "hidden size", f"hidden size {found} of the model")
 
     def steps(self) -> Fact | Need:
@@ -143,7 +143,7 @@ class _Run:
             return Fact(self.total_steps, "total_steps", "total_steps argument")
         if self.training is not None and self.training.max_steps > 0:
             return Fact(self.training.max_steps, "max_steps", "training argument max_steps")
-        return Need(_NEEDS_STEPS)
+        return _NEEDS_STEPS
 
 
 _ARGUMENTS: Final = (
@@ -397,7 +397,7 @@ def _node_local_storage(res: _Resolution) -> None:
     if training is None:
         if value is AUTO:
             res.needs[".".join(parts)] = Need(
-                '"auto" needs the training argument save_on_each_node (pass training=...)'
+                '"auto" needs the training argument save_on_each_node', needs=("training",)
             )
         return
     fact = Fact(training.save_on_each_node, "save_on_each_node", "training argument save_on_each_node")
@@ -410,7 +410,7 @@ def _node_local_storage(res: _Resolution) -> None:
 _NOT_SET: Final = Problem(
     "train_micro_batch_size_per_gpu",
     "not set; DeepSpeed needs train_batch_size or train_micro_batch_size_per_gpu",
-    'set it to a number, or to "auto" and pass training=...',
+    'set it to a number, or to "auto" and give the training arguments',
 )
 
 
@@ -487,7 +487,7 @@ def _leftovers(res: _Resolution, autos: list[str]) -> list[Problem]:
     problems = []
     for path in left:
         need = res.needs.get(path) or _NOT_FILLED_BY_HF.get(path) or _NOT_FILLED
-        problems.append(Problem(path, need.message, need.hint, kind="unresolved-auto"))
+        problems.append(Problem(path, need.message, need.hint, kind="unresolved-auto", needs=need.needs))
     return problems
 
 

@@ -232,7 +232,7 @@ class Session:
             model=hf_model_or_none(self._model),
             hidden_size=self._hidden_size,
         )
-        raise UnresolvedAutoError(Problem("", "the run's number of optimizer steps is unknown", "pass total_steps="))
+        raise UnresolvedAutoError(Problem("", "the run's number of optimizer steps is unknown", needs=("total_steps",)))
 
     # -- what a session holds -------------------------------------------------------
 

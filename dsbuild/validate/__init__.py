@@ -129,5 +129,6 @@ def check(config: ConfigFields, *, world_size: int | None = None, target: str = 
     ]
     if errors:
         raise error_of(
-            Problem(d.path, d.message, d.hint, kind="unresolved-auto" if d.rule == "auto" else "rule") for d in errors
+            Problem(d.path, d.message, d.hint, kind="unresolved-auto" if d.rule == "auto" else "rule", needs=d.needs)
+            for d in errors
         )

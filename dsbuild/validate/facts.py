@@ -10,6 +10,7 @@ import attrs
 
 from ..config import AUTO, ConfigFields, ZeroOptimization
 from ..config.optim import Optimizer
+from ..errors import needs_hint
 from .catalogue import DEEPSPEED_OPTIMIZERS, REMOVALS_SINCE, TORCH_OPTIMIZERS
 
 __all__ = ["REGISTERED", "Diagnostic", "Facts", "Rule", "Severity", "Target", "is_table", "known", "param", "rule"]
@@ -33,10 +34,13 @@ class Diagnostic:
     """What to do about it."""
     rule: str = ""
     """The rule that found it (see ``RULES``), e.g. ``"offload-param-below-stage-3"``."""
+    needs: tuple[str, ...] = attrs.field(default=(), eq=False)
+    """``resolve()``'s arguments that would give what is missing (``Problem.needs``)."""
 
     def __str__(self) -> str:
         text = f"{self.path}: {self.message}" if self.path else self.message
-        return f"{text} ({self.hint})" if self.hint else text
+        hint = self.hint or needs_hint(self.needs)
+        return f"{text} ({hint})" if hint else text
 
 
 def known(value: Any) -> Any:

@@ -571,7 +571,7 @@ def test_batch_triangle_derives_and_writes_all_three(
 
 NOT_SET = (
     "train_micro_batch_size_per_gpu: not set; DeepSpeed needs train_batch_size or train_micro_batch_size_per_gpu"
-    ' (set it to a number, or to "auto" and pass training=...)'
+    ' (set it to a number, or to "auto" and give the training arguments)'
 )
 
 NOT_A_MULTIPLE = (
