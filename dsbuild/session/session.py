@@ -254,8 +254,9 @@ class Session:
     def config(self) -> Config:
         """The resolved config the engine runs with.
 
-        Before the engine exists, for a run whose step count ``fit`` will tell, the
-        step-count keys still hold a stand-in; they are filled when the engine is built.
+        Before the engine exists, for a run whose step count ``fit`` will tell, the keys that need the count
+        (``scheduler.params.total_num_steps``, a warmup given as a ratio) are still ``"auto"``; they are filled when
+        the engine is built.
         """
         return self._config
 

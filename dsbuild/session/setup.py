@@ -92,8 +92,9 @@ def resolve_checked(
 ) -> tuple[Config, bool]:
     """The resolved, checked config and whether the run's step count was known.
 
-    Without a step count, a config whose schedule needs one is checked with a
-    stand-in count and resolved for real once ``fit`` counts the steps.
+    Without a step count, a config whose schedule needs one is checked with a stand-in count (every other key is
+    resolved and checked now), and the keys that need the count are left ``"auto"`` in what is returned: they are
+    resolved once ``fit`` counts the steps. The stand-in never shows.
     """
     kwargs: dict[str, Any] = {
         "world_size": world_size,
@@ -108,10 +109,14 @@ def resolve_checked(
         if total_steps is not None or (training is not None and training.max_steps > 0):
             raise
         try:
-            resolved = given.resolve(total_steps=PROBE_STEPS, **kwargs)
+            probe = given.resolve(total_steps=PROBE_STEPS, **kwargs)
         except ConfigError:
             raise error from None
-        known = False
+        check(probe, world_size=world_size, resolved=True)
+        waiting = {p.path for p in error.problems if "total_steps" in p.needs}
+        from ..resolve.resolution import resolve
+
+        return resolve(given, total_steps=None, leave=waiting, **kwargs), False
     check(resolved, world_size=world_size, resolved=True)
     return resolved, known
 

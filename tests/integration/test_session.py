@@ -30,7 +30,7 @@ from safetensors.torch import load_file  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, ByT5Tokenizer  # noqa: E402
 from transformers.integrations import is_deepspeed_zero3_enabled  # noqa: E402
 
-from dsbuild import Config, SessionError  # noqa: E402
+from dsbuild import AUTO, Config, SessionError  # noqa: E402
 from dsbuild.errors import CheckpointError  # noqa: E402
 from dsbuild.outputs import manifest  # noqa: E402
 from dsbuild.resolve.training import Training  # noqa: E402
@@ -77,8 +77,12 @@ def test_bf16_fit_resolves_hf_autos_from_the_run(tmp_path: Path) -> None:
         per_device_train_batch_size=2, gradient_accumulation_steps=2, learning_rate=1e-2, bf16=True, logging_steps=1
     )
     s = Session.from_pretrained(tiny_llama(), "hf_zero2", training=training, output_dir=tmp_path)
+    # Until fit counts the steps, the keys that need them are "auto" in Session.config (never a stand-in count).
+    assert s.config.scheduler.params.total_num_steps is AUTO
+    assert s.config.train_batch_size == 4
     before = trainable(s)
     history = s.fit(TokenData(8), epochs=2, eval_data=TokenData(4, seed=5), eval_every=2)
+    assert s.config.scheduler.params.total_num_steps == 4
     assert s.engine.bfloat16_enabled()
     assert {p.dtype for p in s.model.parameters()} == {torch.bfloat16}
     train = [h for h in history if "loss" in h]
