@@ -157,13 +157,30 @@ def accelerate_config(
     num_processes: int = 1,
     num_machines: int = 1,
     zero3_init: bool = False,
+    sequence_parallel: int = 1,
+    attn_implementation: str = "sdpa",
 ) -> dict[str, Any]:
     """An Accelerate config (``accelerate launch --config_file``) that runs DeepSpeed from ``ds_config_file``.
 
     Nothing the ds_config decides is repeated here: with a ``deepspeed_config_file``, ``accelerate launch`` refuses
     ``mixed_precision``, ``gradient_accumulation_steps``, ``gradient_clipping``, ``zero_stage``, the offload devices
     and ``zero3_save_16bit_model`` in its config (the precision is the ds_config's ``bf16`` / ``fp16`` sections).
+    With ``sequence_parallel`` above 1 (the ds_config's ``sequence_parallel_size``), its ``parallelism_config``:
+    Accelerate's Ulysses (``sp_backend = "deepspeed"``), which registers DeepSpeed's attention with
+    ``attn_implementation`` and shards the batches, variable sequence lengths allowed.
     """
+    parallelism = (
+        {
+            "parallelism_config": {
+                "parallelism_config_sp_size": sequence_parallel,
+                "parallelism_config_sp_backend": "deepspeed",
+                "parallelism_config_sp_seq_length_is_variable": True,
+                "parallelism_config_sp_attn_implementation": attn_implementation,
+            }
+        }
+        if sequence_parallel > 1
+        else {}
+    )
     return {
         "compute_environment": "LOCAL_MACHINE",
         "distributed_type": "DEEPSPEED",
@@ -175,6 +192,7 @@ def accelerate_config(
         "rdzv_backend": "static",
         "same_network": True,
         "use_cpu": False,
+        **parallelism,
     }
 
 

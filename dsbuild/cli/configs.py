@@ -104,6 +104,7 @@ def add_export(commands: Commands) -> None:
 def _export(args: argparse.Namespace) -> int:
     from .._util.atomic import write_atomic
     from ..interop import accelerate_config, for_hf, to_yaml, training_arguments, zero_stage
+    from ..resolve.batch import degrees
     from ..validate import validate
     from .common import (
         for_accelerate_of,
@@ -177,6 +178,8 @@ def _export(args: argparse.Namespace) -> int:
             num_processes=world_size,
             num_machines=job.launch.nnodes if job is not None else 1,
             zero3_init=zero_stage(config) == 3,
+            sequence_parallel=degrees(config)[0],
+            attn_implementation=(job.model.attn_implementation if job is not None else None) or "sdpa",
         )
         write_atomic(output, to_yaml(settings))
         out(f"wrote {output}, {ds_path}  (accelerate launch --config_file {output} your_script.py)")

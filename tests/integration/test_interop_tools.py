@@ -119,6 +119,30 @@ def test_accelerate_launch_accepts_the_exported_config(
         plugin(with_precision)
 
 
+def test_sequence_parallelism_reaches_accelerates_launcher(job: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job with sequence_parallel_size 2 exports an Accelerate config whose parallelism_config Accelerate's launcher
+    reads as Ulysses over DeepSpeed (sp_size 2, sp_backend deepspeed) and hands its processes; without it, none."""
+    launch = pytest.importorskip("accelerate.commands.launch")
+    from accelerate.utils.launch import prepare_deepspeed_cmd_env
+
+    for key in [k for k in os.environ if k.startswith(("ACCELERATE_", "PARALLELISM_CONFIG_"))]:
+        monkeypatch.delenv(key)
+    yaml_path = job.parent / "sp.yaml"
+    export(str(job), "--for", "accelerate", "-o", str(yaml_path), "--set", "strategy.overrides.sequence_parallel_size=2",
+           "--set", "launch.nproc_per_node=2")  # fmt: skip
+    args = launch.launch_command_parser().parse_args(["--config_file", str(yaml_path), str(WORKER)])
+    args, defaults, _ = launch._validate_launch_command(args)
+    assert args.use_parallelism_config and args.parallelism_config_sp_size == 2
+    args.deepspeed_fields_from_accelerate_config = list(defaults.deepspeed_config)  # as launch_command sets it
+    _, env = prepare_deepspeed_cmd_env(args)
+    assert env["PARALLELISM_CONFIG_SP_SIZE"] == "2" and env["PARALLELISM_CONFIG_SP_BACKEND"] == "deepspeed"
+    assert env["PARALLELISM_CONFIG_SP_ATTN_IMPLEMENTATION"] == "sdpa"
+    assert json.loads(yaml_path.with_name("sp.ds_config.json").read_text())["sequence_parallel_size"] == 2
+    plain = job.parent / "plain.yaml"
+    export(str(job), "--for", "accelerate", "-o", str(plain))
+    assert "parallelism_config" not in plain.read_text()
+
+
 @pytest.mark.slow
 def test_a_plain_accelerate_loop_trains_on_the_export(accelerate_files: tuple[Path, Path]) -> None:
     """`accelerate launch` with the exported YAML, a DummyOptim / DummyScheduler loop: 3 steps, finite losses, weights
