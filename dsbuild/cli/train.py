@@ -217,6 +217,10 @@ def _train(args: argparse.Namespace) -> int:
     found = job.validate(world_size=nproc * nnodes)
     errors = [d for d in found if d.severity == "error"]
     errors += _refused(job)
+    if not errors:  # the model's attention and heads against the sequence-parallel degree, before any process
+        from ..run.checks import parallel_problems
+
+        errors += parallel_problems(job, nproc * nnodes)
     for d in found:
         if d.severity == "warning":
             warning(f"{path}: {said(d)}")

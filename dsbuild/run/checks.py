@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .._util import dotted
 from ..env.extras import missing
 from ..errors import ConfigError
 from ..job import Job
@@ -18,7 +19,7 @@ from ..validate import Diagnostic
 from ..validate.deepspeed_verdict import deepspeed_verdict
 from .model import model_problems
 
-__all__ = ["data_problems", "validate_job"]
+__all__ = ["data_problems", "parallel_problems", "validate_job"]
 
 
 def validate_job(job: Job, *, world_size: int | None = None, deepspeed: bool = False) -> list[Diagnostic]:
@@ -36,6 +37,8 @@ def validate_job(job: Job, *, world_size: int | None = None, deepspeed: bool = F
     else:  # before launch the hub is not reached: a hub id must be in the local cache
         problems = model_problems(job.model, hub=False)
         found += [Diagnostic(p.path, "error", p.message, p.hint) for p in problems]
+        if not problems:
+            found += parallel_problems(job, world_size or job.launch.world_size)
         found += data_problems(job, tokenize=not problems)
     if deepspeed:
         world = world_size or job.launch.world_size
@@ -49,6 +52,24 @@ def validate_job(job: Job, *, world_size: int | None = None, deepspeed: bool = F
         else:
             found += deepspeed_verdict(config.to_dict(), world)
     return found
+
+
+def parallel_problems(job: Job, world_size: int) -> list[Diagnostic]:
+    """What the job's model cannot do with its sequence parallelism (its attention, its heads, the world size), found
+    from its config before any process starts (transformers is imported)."""
+    from ..resolve.batch import degrees
+
+    sp = degrees(job.config)[0]
+    if sp == 1:
+        return []
+    from ..session.building import pretrained_config
+    from ..session.parallel import problems
+    from .model import model_source
+
+    config = pretrained_config(model_source(job.model))
+    found = problems(config, sp, world_size, job.model.attn_implementation or "sdpa")
+    table = "strategy.overrides" if dotted.sets(job.strategy.overrides, "sequence_parallel_size") else "strategy.config"
+    return [Diagnostic(f"{table}.sequence_parallel_size", "error", reason) for reason in found]
 
 
 def data_problems(job: Job, *, tokenize: bool) -> list[Diagnostic]:

@@ -36,6 +36,11 @@ def model_problems(spec: ModelSpec, *, hub: bool) -> list[Problem]:
     problems: list[Problem] = []
     if spec.config is not None:
         problems += _config_problems(spec.config)
+        if not problems:
+            try:
+                model_source(spec)  # the config class's own checks (transformers validates some fields together)
+            except ConfigError as e:
+                problems += e.problems
     offline = not hub or _offline()
     if spec.name_or_path is not None:
         problems += _where(spec.name_or_path, "model.name_or_path", "config.json", offline)
@@ -60,8 +65,9 @@ def model_source(spec: ModelSpec) -> Any:
     fields = {k: v for k, v in spec.config.items() if k != "model_type"}
     try:
         return cls(**fields)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(Problem("model.config", f"{cls.__name__} refuses it: {e}")) from None
+    except Exception as e:  # TypeError, ValueError, huggingface_hub's strict-dataclass validation errors, ...
+        reason = " ".join(str(e).split())
+        raise ConfigError(Problem("model.config", f"{cls.__name__} refuses it: {reason}")) from None
 
 
 def build_tokenizer(spec: ModelSpec) -> Any:

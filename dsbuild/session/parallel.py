@@ -32,18 +32,18 @@ def degree(ds_config: dict[str, Any]) -> int:
     return value if isinstance(value, int) and value > 1 else 1
 
 
-def problems(model: Any, sp: int, world_size: int) -> list[str]:
-    """Why ``model`` cannot train with degree ``sp`` on ``world_size`` processes, one reason a line (none: it can)."""
+def problems(config: Any, sp: int, world_size: int, attn: str | None = None) -> list[str]:
+    """Why a model of HF ``config`` cannot train with degree ``sp`` on ``world_size`` processes, one reason a line
+    (none: it can); ``attn``: its attention implementation (default: the config's)."""
     found = []
     if world_size % sp:
         found.append(f"sequence_parallel_size {sp} does not divide the world size {world_size}")
-    config = getattr(model, "config", None)
     if config is None or not hasattr(config, "get_text_config"):
         return [
             *found,
             "sequence parallelism needs a Hugging Face transformers model (DeepSpeed's Ulysses wraps its attention)",
         ]
-    attn = getattr(config, "_attn_implementation", None)
+    attn = attn or getattr(config, "_attn_implementation", None)
     if attn in ("eager", "paged|eager"):
         found.append(
             f"the model's attention is {attn!r}, which needs the whole 4D mask: DeepSpeed's Ulysses takes 'sdpa', "
@@ -59,7 +59,7 @@ def problems(model: Any, sp: int, world_size: int) -> list[str]:
 def register(model: Any, sp: int, micro_batch_size: int, world_size: int) -> Any:
     """DeepSpeed's Ulysses attention in place of the model's, and the process groups (the ``mpu`` for
     ``deepspeed.initialize``); ``SessionError`` naming every reason it cannot."""
-    found = problems(model, sp, world_size)
+    found = problems(getattr(model, "config", None), sp, world_size)
     if found:
         raise SessionError("sequence_parallel_size: " + "; ".join(found))
     from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF

@@ -179,3 +179,31 @@ def test_the_library_check_is_the_command_s(capsys: pytest.CaptureFixture[str], 
     for d in errors:
         assert d.message.splitlines()[0] in out
     assert [d for d in job.validate() if d.severity == "error"] == []
+
+
+def test_sequence_parallelism_is_checked_against_the_model(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Before launch, sequence_parallel_size 2 is held to the model: eager attention and 3 heads are errors naming
+    the key; a config its class refuses as a whole (an odd rotary dimension) is an error too, never a traceback."""
+    sp = "[launch]\nnproc_per_node = 2\n[strategy.overrides]\nsequence_parallel_size = 2\n"
+    job = tmp_path / "job.toml"
+    (tmp_path / "train.jsonl").write_text('{"text": "hello"}\n', encoding="utf-8")
+    job.write_text(
+        JOB.format(model=CONFIG.replace('tokenizer = "byte"', 'tokenizer = "byte"\nattn_implementation = "eager"')) + sp
+    )
+    assert main(["validate", str(job)]) == 1
+    out = capsys.readouterr().out
+    assert "strategy.overrides.sequence_parallel_size: the model's attention is 'eager'" in out
+    job.write_text(
+        JOB.format(
+            model=CONFIG.replace(
+                "hidden_size = 64", "hidden_size = 66\nnum_attention_heads = 3\nnum_key_value_heads = 3"
+            )
+        )
+        + sp
+    )
+    assert main(["validate", str(job)]) == 1
+    assert "the model's 3 attention heads do not divide by sequence_parallel_size 2" in capsys.readouterr().out
+    job.write_text(JOB.format(model=CONFIG.replace("hidden_size = 64", "hidden_size = 63\nnum_attention_heads = 3")))
+    assert main(["validate", str(job)]) == 1
+    out, err = capsys.readouterr()
+    assert "model.config: LlamaConfig refuses it: " in out and "Traceback" not in out + err
