@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 from .args import Commands, positive_int
 from .output import error, out
@@ -75,12 +76,19 @@ def add_plan(commands: Commands) -> None:
     )
     size = p.add_mutually_exclusive_group(required=True)
     size.add_argument("--params", metavar="N", help="parameter count, e.g. 7B, 1.5B, 350M")
-    size.add_argument("--model", metavar="PATH", help="an HF model directory or its config.json (counted, not loaded)")
+    size.add_argument(
+        "--model",
+        metavar="PATH",
+        help="an HF model directory or its config.json (counted, not loaded), or a job file: its model (LoRA "
+        "planned as LoRA), sequence length, micro-batch, checkpointing and processes",
+    )
     p.add_argument(
         "--largest-layer-params", metavar="N", help="parameters of the largest layer (default: from --model)"
     )
-    p.add_argument("--gpus-per-node", type=positive_int, default=1, metavar="N")
-    p.add_argument("--nodes", type=positive_int, default=1, metavar="N")
+    p.add_argument(
+        "--gpus-per-node", type=positive_int, metavar="N", help="default 1, or a job's launch.nproc_per_node"
+    )
+    p.add_argument("--nodes", type=positive_int, metavar="N", help="default 1, or a job's launch.nnodes")
     p.add_argument("--gpu-memory", metavar="SIZE", help="memory per GPU, e.g. 80GiB or 81920MiB (as nvidia-smi shows)")
     p.add_argument("--cpu-memory", metavar="SIZE", help="CPU memory per node, e.g. 512GiB")
     p.add_argument("--seq-len", type=positive_int, metavar="N", help="tokens per sequence (default: 2048)")
@@ -113,29 +121,42 @@ def add_plan(commands: Commands) -> None:
 
 def _plan(args: argparse.Namespace) -> int:
     from ..planner import format_plan_table, parse_count, plan, plan_to_json
+    from .common import job_of
 
+    model, lora = args.model, None
+    facts: dict[str, Any] = {"gpus_per_node": 1, "nodes": 1}
+    job = job_of(args.model, []) if args.model is not None else None
+    if job is not None:  # a job: its model (LoRA as LoRA), its shapes and its processes, unless the flags say
+        model = dict(job.model.config) if job.model.config is not None else job.model.name_or_path
+        lora = job.model.lora.to_peft() if job.model.lora is not None else None
+        facts = {
+            "gpus_per_node": job.launch.nproc_per_node,
+            "nodes": job.launch.nnodes,
+            "seq_len": job.data.max_length,
+            "micro_batch": job.training.per_device_train_batch_size,
+            "gradient_checkpointing": job.model.gradient_checkpointing,
+        }
+    given = {
+        "gpus_per_node": args.gpus_per_node,
+        "nodes": args.nodes,
+        "seq_len": args.seq_len,
+        "micro_batch": args.micro_batch,
+        "gradient_checkpointing": args.gradient_checkpointing,
+    }
+    facts.update({name: value for name, value in given.items() if value is not None})  # else the job's, or the default
     result = plan(
         params=parse_count(args.params) if args.params is not None else None,
-        model=args.model,
+        model=model,
         largest_layer_params=(
             parse_count(args.largest_layer_params, "largest_layer_params") if args.largest_layer_params else None
         ),
-        gpus_per_node=args.gpus_per_node,
-        nodes=args.nodes,
         gpu_memory=args.gpu_memory,
         cpu_memory=args.cpu_memory,
         flash_attention=args.flash_attention,
         headroom=args.headroom,
         nvme_path=args.nvme,
-        **{
-            name: value
-            for name, value in (
-                ("seq_len", args.seq_len),
-                ("micro_batch", args.micro_batch),
-                ("gradient_checkpointing", args.gradient_checkpointing),
-            )
-            if value is not None  # not given: the planner's default
-        },
+        lora=lora,
+        **facts,
     )
     out(json.dumps(plan_to_json(result), indent=2) if args.json else format_plan_table(result))
     if args.emit is not None:

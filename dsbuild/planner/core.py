@@ -6,13 +6,14 @@ less its headroom) and its CPU need fits the node's CPU memory.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
 
 from ..api import Config
 from ..errors import InvalidValueError, Problem
-from .count import Shape, count_params
+from .count import Shape, count_lora, count_params
 from .memory import (
     ADDITIONAL_BUFFER_FACTOR,
     DEFAULT_HEADROOM,
@@ -24,7 +25,7 @@ from .memory import (
     model_state_bytes,
     param_buffer_size,
 )
-from .sizes import MAX_COUNT, decimal_unit, gib, parse_count, parse_headroom, parse_size
+from .sizes import MAX_COUNT, count_text, decimal_unit, gib, parse_count, parse_headroom, parse_size
 
 __all__ = [
     "DEFAULT_MICRO_BATCH",
@@ -206,6 +207,7 @@ def plan(
     headroom: str | int | float | None = None,
     nvme_path: str | None = None,
     additional_buffer_factor: float = ADDITIONAL_BUFFER_FACTOR,
+    lora: Mapping[str, Any] | None = None,
 ) -> Plan:
     """Memory per GPU of every ZeRO stage × offload choice, and the fastest config that fits.
 
@@ -223,6 +225,10 @@ def plan(
 
     NVMe rows are recommended only with ``nvme_path`` (a directory on a local NVMe drive). When nothing fits, the
     reason names the fewest nodes on which a row without NVMe fits, and LoRA.
+
+    ``lora`` (peft ``LoraConfig`` fields, with ``model``): a LoRA run. Its adapters (counted by peft on the meta
+    device) carry the model states of training; the frozen base is counted once, in 16 bits (2 bytes a parameter,
+    partitioned at stage 3, offloaded with the parameters), with no gradients or optimizer states.
     """
     problems: list[Problem] = []
     for name, value in (
@@ -250,6 +256,16 @@ def plan(
     if total <= 0:
         raise InvalidValueError(Problem("params", f"got {total!r}, expected a positive count"))
     notes: list[str] = []
+    frozen, trained = 0, total  # a LoRA run trains its adapters; its base is frozen
+    if lora is not None:
+        if model is None:
+            raise InvalidValueError(Problem("lora", "a LoRA plan needs the model (its config) to count the adapters"))
+        adapters = count_lora(model, lora)
+        frozen, trained = total, adapters
+        notes.append(
+            f"LoRA: {count_text(adapters)} trainable adapter parameters carry gradients and optimizer states; the "
+            f"{count_text(frozen)} frozen base parameters are counted once, in 16 bits"
+        )
     if largest_layer_params is not None:
         largest = parse_count(largest_layer_params, "largest_layer_params")
     elif size is not None:
@@ -287,7 +303,9 @@ def plan(
     factor = float(additional_buffer_factor)
     rows = tuple(
         _with_largest_micro_batch(
-            _row(stage, opt, par, total, largest, gpus_per_node, nodes, factor, per_gpu, gpu_budget, cpu_budget),
+            _row(
+                stage, opt, par, trained, largest, gpus_per_node, nodes, factor, per_gpu, gpu_budget, cpu_budget, frozen
+            ),
             gpu_budget,
             kept,
             per_sequence,
@@ -302,7 +320,9 @@ def plan(
     if chosen is None and not any(r.fits and not _on_nvme(r) for r in rows):
         for n in (2 * nodes, 4 * nodes, 8 * nodes, 16 * nodes):
             wider = [
-                _row(stage, opt, par, total, largest, gpus_per_node, n, factor, per_gpu, gpu_budget, cpu_budget)
+                _row(
+                    stage, opt, par, trained, largest, gpus_per_node, n, factor, per_gpu, gpu_budget, cpu_budget, frozen
+                )
                 for stage, opt, par in SPEED_ORDER
                 if "nvme" not in (opt, par)
             ]
@@ -417,8 +437,19 @@ def _row(
     per_gpu: int,
     gpu_budget: int | None,
     cpu_budget: int | None,
+    frozen: int = 0,
 ) -> Row:
     gpu, cpu, nvme = model_state_bytes(stage, opt, par, params, largest, gpus_per_node, nodes, factor)
+    if frozen:  # a LoRA run's frozen base: 16-bit weights only, partitioned (or offloaded) at stage 3
+        base = 2 * frozen
+        if stage < 3:
+            gpu += base
+        elif par == "none":
+            gpu += base // (gpus_per_node * nodes)
+        elif par == "cpu":
+            cpu += int(base / nodes * factor)
+        else:
+            nvme += base // nodes
     total = gpu + per_gpu
     offloads = opt != "none" or par != "none"
     fits = (gpu_budget is None or total <= gpu_budget) and (cpu_budget is None or not offloads or cpu <= cpu_budget)

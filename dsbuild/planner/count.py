@@ -7,6 +7,7 @@ to count it.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -298,3 +299,33 @@ def _shape_of(config: Any) -> Shape | None:
             return None
         values.append(value)
     return Shape(*values)
+
+
+def count_lora(model: Any, lora: Mapping[str, Any]) -> int:
+    """The parameters LoRA adds to ``model`` (an HF config, as ``count_params`` takes it): peft's own adapters on a
+    model built on the meta device, so ``target_modules`` (a list, ``"all-linear"``, or peft's default for the
+    architecture) match exactly as they will in training. ``lora``: peft ``LoraConfig`` fields (``r``,
+    ``target_modules``, ...). Needs torch, transformers and peft; allocates nothing."""
+    try:
+        import torch
+        import transformers
+        from peft import LoraConfig, get_peft_model
+    except ImportError as err:
+        raise MissingDependencyError(str(err.name or "peft"), "planning a LoRA run") from None
+    data = _read_config_json(Path(model)) if isinstance(model, str | os.PathLike) else model
+    config = (
+        transformers.AutoConfig.for_model(
+            str(data["model_type"]), **{k: v for k, v in data.items() if k != "model_type"}
+        )
+        if isinstance(data, Mapping)
+        else data
+    )
+    auto_model: Any = transformers.AutoModelForCausalLM
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # transformers' renamings, as peft calls them
+        base = auto_model.from_config(config)
+        try:
+            wrapped = get_peft_model(base, LoraConfig(**dict(lora)))
+        except (TypeError, ValueError) as e:
+            raise InvalidValueError(Problem("model.lora", f"peft refuses it: {e}")) from None
+    return sum(p.numel() for p in wrapped.parameters() if p.requires_grad)

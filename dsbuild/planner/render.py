@@ -9,7 +9,7 @@ from typing import Any
 import attrs
 
 from .core import Plan, Row
-from .sizes import GiB, gib
+from .sizes import GiB, count_text, gib
 
 __all__ = ["format_plan_table", "plan_to_json"]
 
@@ -106,13 +106,6 @@ def _number(n: int) -> str:
 
 _WIDTH = 100
 """Footer lines wrap here; the table itself is narrower."""
-
-
-def count_text(n: int) -> str:
-    for unit, scale in (("T", 10**12), ("B", 10**9), ("M", 10**6), ("K", 10**3)):
-        if n >= scale:
-            return f"{n / scale:.2f}{unit}"
-    return str(n)
 
 
 def plan_to_json(plan: Plan) -> dict[str, Any]:

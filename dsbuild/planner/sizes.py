@@ -13,6 +13,7 @@ __all__ = [
     "MAX_SIZE",
     "GiB",
     "bad",
+    "count_text",
     "decimal_unit",
     "gib",
     "parse_count",
@@ -167,3 +168,11 @@ def bad(name: str, value: object, expected: str) -> InvalidValueError:
 def gib(n: int | float) -> str:
     """Bytes as GiB with 2 decimals: ``"1.50 GiB"``."""
     return f"{n / GiB:.2f} GiB"
+
+
+def count_text(n: int) -> str:
+    """A parameter count as people write it: ``6.74B``, ``4.19M``."""
+    for unit, scale in (("T", 10**12), ("B", 10**9), ("M", 10**6), ("K", 10**3)):
+        if n >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return str(n)

@@ -145,3 +145,26 @@ def test_the_help_states_the_planners_defaults(capsys: pytest.CaptureFixture[str
     text = " ".join(out.split())
     for default in ("(default: 2048)", "(default: 1)", "(default: on)", "(default: 2GiB+10%)"):
         assert default in text
+
+
+@pytest.mark.train
+def test_plan_reads_a_lora_job(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """--model JOB plans the job's model as LoRA, at its sequence length, micro-batch and processes; flags win."""
+    job = tmp_path / "job.toml"
+    job.write_text(
+        '[model]\ntokenizer = "byte"\n[model.config]\nmodel_type = "llama"\nhidden_size = 4096\n'
+        "intermediate_size = 11008\nnum_hidden_layers = 32\nnum_attention_heads = 32\nnum_key_value_heads = 32\n"
+        'vocab_size = 32000\n[model.lora]\nr = 8\ntarget_modules = ["q_proj", "v_proj"]\n'
+        '[data]\npath = "train.jsonl"\nformat = "text"\nmax_length = 1024\n'
+        '[training]\nper_device_train_batch_size = 2\n[strategy]\nconfig = "zero2"\n[launch]\nnproc_per_node = 8\n'
+    )
+    (tmp_path / "train.jsonl").write_text('{"text": "hi"}\n')
+    assert main(["plan", "--model", str(job), "--gpu-memory", "24GiB"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(
+        "6.74B parameters (llama config, counted analytically; largest layer 131.07M), 8 GPUs per node"
+    )
+    assert "seq 1024 x micro-batch 2" in out.replace("\n  ", " ")
+    assert "LoRA: 4.19M trainable adapter parameters" in out.replace("\n    ", " ")
+    assert main(["plan", "--model", str(job), "--gpu-memory", "24GiB", "--gpus-per-node", "4"]) == 0
+    assert "4 GPUs per node" in capsys.readouterr().out

@@ -918,3 +918,51 @@ def test_each_row_gives_the_largest_micro_batch_that_fits_the_gpu(tmp_path: Path
         wider = plan(model=config, gpus_per_node=8, gpu_memory="80GiB", seq_len=4096, micro_batch=m + 1)
         assert wider.rows[i].gpu_total_bytes > 80 * 2**30
     assert all(r.max_micro_batch is None for r in plan(model=config, gpus_per_node=8, seq_len=4096).rows)
+
+
+LLAMA_7B = {
+    "model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32000,
+}  # fmt: skip
+
+
+@pytest.mark.train
+def test_a_lora_run_counts_its_frozen_base_once_in_16_bits() -> None:
+    """LoRA r=8 on q_proj and v_proj of a 7B Llama: peft's 4.19M adapters carry the training states (DeepSpeed's
+    figures for that many parameters) and the 6.74B frozen base adds 2 bytes a parameter, on each GPU below
+    stage 3, partitioned at stage 3, offloaded with the parameters."""
+    from dsbuild import plan
+    from dsbuild.planner.memory import model_state_bytes
+
+    lora = {"r": 8, "target_modules": ["q_proj", "v_proj"]}
+    full = plan(model=LLAMA_7B, gpus_per_node=8, gpu_memory="80GiB")
+    tuned = plan(model=LLAMA_7B, gpus_per_node=8, gpu_memory="80GiB", lora=lora)
+    adapters = 32 * 2 * 8 * (4096 + 4096)
+    assert tuned.params == full.params and any(f"{adapters / 1e6:.2f}M trainable" in n for n in tuned.notes)
+    base, largest = full.params, full.largest_layer_params
+    for row in tuned.rows:
+        gpu, _, _ = model_state_bytes(row.stage, row.offload_optimizer, row.offload_param, adapters, largest, 8, 1)
+        frozen_on_gpu = 2 * base if row.stage < 3 else (2 * base // 8 if row.offload_param == "none" else 0)
+        assert row.gpu_bytes_per_device == gpu + frozen_on_gpu, row.label
+    assert tuned.row(0).gpu_bytes_per_device < full.row(2).gpu_bytes_per_device  # no optimizer states for the base
+
+
+@pytest.mark.train
+def test_the_lora_count_is_peft_s_own_on_a_real_model() -> None:
+    """count_lora (on the meta device) equals the trainable parameters of the same peft model built for real."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from dsbuild.planner.count import count_lora
+
+    small = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 384}  # fmt: skip
+    for lora in ({"r": 4}, {"r": 8, "target_modules": "all-linear"}, {"r": 2, "target_modules": ["o_proj"]}):
+        real = get_peft_model(
+            AutoModelForCausalLM.from_config(LlamaConfig(**{k: v for k, v in small.items() if k != "model_type"})),
+            LoraConfig(**lora),
+        )
+        expected = sum(p.numel() for p in real.parameters() if p.requires_grad)
+        assert count_lora(small, lora) == expected, lora
+        assert expected > 0 and torch.is_tensor(next(real.parameters()))
