@@ -16,7 +16,7 @@ from .._util import dotted
 from .._util.overrides import parse_set
 from ..api import Config
 from ..config.walk import leaves
-from ..errors import ConfigError, DsbuildError, Problem
+from ..errors import ConfigError, DsbuildError, Problem, UnresolvedAutoError
 from ..interop import for_accelerate, with_deepspeed_scheduler
 from ..io.config_files import config_ref, read_dict, read_table, to_config
 from ..job import Job, looks_like_job, read_job_dict
@@ -275,12 +275,17 @@ def resolved(args: argparse.Namespace, *, hf_defaults: bool = False) -> Config:
     if training is None and hf_defaults:
         logger.info('no training arguments given: the HF Trainer\'s defaults fill the "auto" values they fill')
         training = Training()
-    return config.resolve(
-        world_size=args.world_size or 1,
-        training=training,
-        hidden_size=hidden_size(args),
-        total_steps=args.total_steps,
-    )
+    try:
+        return config.resolve(
+            world_size=args.world_size or 1,
+            training=training,
+            hidden_size=hidden_size(args),
+            total_steps=args.total_steps,
+        )
+    except UnresolvedAutoError:
+        raise  # a fact the command was not given: exit 2
+    except ConfigError as e:  # the config's values fail their checks at this world size (as validate says): exit 1
+        raise e.failing_checks() from None
 
 
 def for_accelerate_of(args: argparse.Namespace, job: Job | None) -> Config:

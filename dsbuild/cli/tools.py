@@ -121,6 +121,7 @@ def add_plan(commands: Commands) -> None:
 
 def _plan(args: argparse.Namespace) -> int:
     from ..planner import format_plan_table, parse_count, plan, plan_to_json
+    from ..resolve.batch import degrees
     from .common import job_of
 
     model, lora = args.model, None
@@ -135,6 +136,7 @@ def _plan(args: argparse.Namespace) -> int:
             "seq_len": job.data.max_length,
             "micro_batch": job.training.per_device_train_batch_size,
             "gradient_checkpointing": job.model.gradient_checkpointing,
+            "sequence_parallel": degrees(job.config)[0],
         }
     given = {
         "gpus_per_node": args.gpus_per_node,

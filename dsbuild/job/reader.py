@@ -307,7 +307,9 @@ class JobReader:
         if "r" in t and "rank" in t:
             self.problem("model.lora.rank", "both r and rank are set (the same thing)", "keep one")
         rank_key = "rank" if "rank" in t and "r" not in t else "r"
-        r = self.field({"r": t[rank_key]} if rank_key in t else {}, LoraSpec, "r", "model.lora")
+        spec = job_keys(LoraSpec)["r"].spec
+        assert spec is not None
+        r = self.value(t, rank_key, "model.lora", spec, 8)  # reported under the name written (r or rank)
         alpha = self.field(t, LoraSpec, "alpha", "model.lora")
         dropout = self.field(t, LoraSpec, "dropout", "model.lora")
         target = t.get("target_modules")

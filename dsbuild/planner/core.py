@@ -208,6 +208,7 @@ def plan(
     nvme_path: str | None = None,
     additional_buffer_factor: float = ADDITIONAL_BUFFER_FACTOR,
     lora: Mapping[str, Any] | None = None,
+    sequence_parallel: int = 1,
 ) -> Plan:
     """Memory per GPU of every ZeRO stage × offload choice, and the fastest config that fits.
 
@@ -229,6 +230,7 @@ def plan(
     ``lora`` (peft ``LoraConfig`` fields, with ``model``): a LoRA run. Its adapters (counted by peft on the meta
     device) carry the model states of training; the frozen base is counted once, in 16 bits (2 bytes a parameter,
     partitioned at stage 3, offloaded with the parameters), with no gradients or optimizer states.
+    ``sequence_parallel``: the run's Ulysses degree, which divides the activations each GPU holds.
     """
     problems: list[Problem] = []
     for name, value in (
@@ -292,6 +294,7 @@ def plan(
             num_heads=None if flash_attention else shape.num_heads,
             checkpointing=gradient_checkpointing,
             vocab_size=shape.vocab_size,
+            sequence_parallel=sequence_parallel,
         )
         if shape is not None
         else None

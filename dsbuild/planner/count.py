@@ -313,17 +313,23 @@ def count_lora(model: Any, lora: Mapping[str, Any]) -> int:
     except ImportError as err:
         raise MissingDependencyError(str(err.name or "peft"), "planning a LoRA run") from None
     data = _read_config_json(Path(model)) if isinstance(model, str | os.PathLike) else model
-    config = (
-        transformers.AutoConfig.for_model(
-            str(data["model_type"]), **{k: v for k, v in data.items() if k != "model_type"}
+    try:
+        config = (
+            transformers.AutoConfig.for_model(
+                str(data["model_type"]), **{k: v for k, v in data.items() if k != "model_type"}
+            )
+            if isinstance(data, Mapping)
+            else getattr(data, "config", data)  # a model object: its config
         )
-        if isinstance(data, Mapping)
-        else data
-    )
+    except (KeyError, TypeError, ValueError) as e:
+        raise InvalidValueError(Problem("model", f"cannot read the model's config to count LoRA: {e}")) from None
     auto_model: Any = transformers.AutoModelForCausalLM
     with torch.device("meta"), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # transformers' renamings, as peft calls them
-        base = auto_model.from_config(config)
+        try:
+            base = auto_model.from_config(config)
+        except (AttributeError, KeyError, TypeError, ValueError) as e:
+            raise InvalidValueError(Problem("model", f"cannot build a causal LM from it to count LoRA: {e}")) from None
         try:
             wrapped = get_peft_model(base, LoraConfig(**dict(lora)))
         except (TypeError, ValueError) as e:

@@ -188,7 +188,7 @@ def micro_batches(
     a sequence-parallel group's ranks each take a shard of every micro-batch of the group (``sequence_parallel``
     times their own), as the HF Trainer counts them.
     """
-    share = math.ceil(samples / (world_size // tensor_parallel))
+    share = math.ceil(samples / max(world_size // tensor_parallel, 1))  # a degree that does not divide: validate's
     own = share // micro_batch if drop_last else math.ceil(share / micro_batch)
     return own * sequence_parallel
 

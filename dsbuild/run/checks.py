@@ -59,17 +59,38 @@ def parallel_problems(job: Job, world_size: int) -> list[Diagnostic]:
     from its config before any process starts (transformers is imported)."""
     from ..resolve.batch import degrees
 
-    sp = degrees(job.config)[0]
-    if sp == 1:
+    sp, tp = degrees(job.config)
+    if sp == 1 and tp == 1:
         return []
-    from ..session.building import pretrained_config
-    from ..session.parallel import problems
-    from .model import model_source
-
-    config = pretrained_config(model_source(job.model))
-    found = problems(config, sp, world_size, job.model.attn_implementation or "sdpa")
     table = "strategy.overrides" if dotted.sets(job.strategy.overrides, "sequence_parallel_size") else "strategy.config"
-    return [Diagnostic(f"{table}.sequence_parallel_size", "error", reason) for reason in found]
+    found = []
+    if tp > 1 and job.model.lora is not None:
+        found.append(Diagnostic("model.lora", "error", "LoRA with tensor_parallel.autotp_size: train LoRA with ZeRO"))
+    if sp > 1 and tp > 1:
+        found.append(
+            Diagnostic(f"{table}.sequence_parallel_size", "error", "with tensor_parallel.autotp_size: one or the other")
+        )
+    if sp > 1 and job.data.padding_free:
+        found.append(
+            Diagnostic(
+                "data.padding_free",
+                "error",
+                "with sequence parallelism: DeepSpeed's Ulysses attention is built for per_device_train_batch_size "
+                "rows, and a padding-free micro-batch is one row (filling the rest would repeat it)",
+                "set padding_free = false (pad, or pack the samples)",
+            )
+        )
+    if sp > 1:
+        from ..session.building import pretrained_config
+        from ..session.parallel import problems
+        from .model import model_source
+
+        config = pretrained_config(model_source(job.model))
+        attn = job.model.attn_implementation or getattr(config, "_attn_implementation", None) or "sdpa"
+        found += [
+            Diagnostic(f"{table}.sequence_parallel_size", "error", r) for r in problems(config, sp, world_size, attn)
+        ]
+    return found
 
 
 def data_problems(job: Job, *, tokenize: bool) -> list[Diagnostic]:

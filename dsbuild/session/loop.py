@@ -19,6 +19,7 @@ from ..outputs.run_folder import RunFolder
 from ..resolve.training import Training, optimizer_steps, steps_between
 from . import distributed
 from .batches import DataPosition, counts
+from .parallel import SequenceShards
 
 __all__ = ["Trainable", "fit"]
 
@@ -145,6 +146,8 @@ def fit(
                 window = [0.0, 0.0, 0.0]  # loss, samples, tokens of the step on this process
                 for i, batch in enumerate(group):
                     samples, tokens = counts(batch)
+                    if isinstance(loader, SequenceShards):  # a group's shards are one micro-batch: count it once
+                        samples = loader.samples if loader.first else 0
                     out = session._step(batch, loss_fn, num_items, i == len(group) - 1)
                     session.position.batch_in_epoch += 1
                     window = [window[0] + out.loss, window[1] + samples, window[2] + tokens]

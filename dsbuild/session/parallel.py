@@ -53,6 +53,12 @@ def problems(config: Any, sp: int, world_size: int, attn: str | None = None) -> 
     heads = getattr(text, "num_attention_heads", None)
     if isinstance(heads, int) and heads % sp:
         found.append(f"the model's {heads} attention heads do not divide by sequence_parallel_size {sp}")
+    kv = getattr(text, "num_key_value_heads", None) or heads
+    if isinstance(kv, int) and kv % sp and sp % kv:  # DeepSpeed's Ulysses splits or repeats the key/value heads
+        found.append(
+            f"the model's {kv} key/value heads and sequence_parallel_size {sp}: neither divides the other, as "
+            "DeepSpeed's Ulysses needs"
+        )
     return found
 
 
@@ -103,6 +109,8 @@ class SequenceShards:
         """The engine's device, asked when an epoch starts (the engine, and the groups, exist by then)."""
         self.samples = 0
         """The real samples (padding rows not counted) of the micro-batch the shard last given belongs to."""
+        self.first = True
+        """Whether this rank is its group's first (the one that counts each micro-batch's samples once)."""
 
     def __len__(self) -> int:
         return len(self.loader) * self.size
@@ -110,6 +118,7 @@ class SequenceShards:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         sp_group, sp_rank, size = group()
         assert size == self.size
+        self.first = sp_rank == 0
         device = self.device()
         for batch in self.loader:
             for samples, shard in _shards(batch, sp_group, sp_rank, size, self.rows, device):

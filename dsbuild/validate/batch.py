@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ..config import AUTO, ConfigFields
-from ..resolve.batch import Triangle, TriangleProblem, derive, model_parallel
+from ..resolve.batch import Triangle, TriangleProblem, degrees, derive, model_parallel
 from .facts import Diagnostic, Facts, rule
 
 __all__ = ["batch_triangle"]
@@ -37,6 +37,14 @@ def batch(f: Facts) -> Iterator[Diagnostic]:
     accum = accum if isinstance(accum, int) else None
     if f.world_size is None:
         yield from _batch_without_world(f, train, micro, accum)
+        return
+    tp = degrees(c)[1]
+    if f.world_size % tp:
+        yield f.error(
+            "tensor_parallel.autotp_size",
+            f"{tp} does not divide the world size {f.world_size}",
+            "use a tensor-parallel degree that divides the number of processes",
+        )
         return
     degree = 1
     for key, size in model_parallel(c):

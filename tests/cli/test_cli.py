@@ -507,3 +507,12 @@ def test_validate_deepspeed_asks_about_the_file_as_written(capsys: pytest.Captur
         f"{DS_LINE}ValidationError: zero_optimization.stage3_max_live_paramters: Extra inputs are not permitted\n"
         in out
     )
+
+
+def test_explain_exits_1_for_a_batch_that_does_not_divide_at_the_world_size(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """train 8 with micro 4 at 3 processes fails its checks: explain exits 1, as validate does."""
+    path = _write(tmp_path / "b.json", '{"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4}')
+    assert run(capsys, "validate", "--world-size", "3", str(path))[0] == 1
+    assert run(capsys, "explain", "--world-size", "3", str(path))[0] == 1

@@ -207,3 +207,42 @@ def test_sequence_parallelism_is_checked_against_the_model(capsys: pytest.Captur
     assert main(["validate", str(job)]) == 1
     out, err = capsys.readouterr()
     assert "model.config: LlamaConfig refuses it: " in out and "Traceback" not in out + err
+
+
+def test_parallel_degrees_are_checked_before_launch(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """AutoTP 4 on 2 processes is an error naming the key (once a ZeroDivisionError); padding-free data with
+    sequence parallelism is refused with the reason; a model whose 3 key/value heads and degree 2 neither divide
+    the other is refused as DeepSpeed's Ulysses would."""
+    (tmp_path / "train.jsonl").write_text('{"text": "hello"}\n', encoding="utf-8")
+    job = tmp_path / "job.toml"
+    job.write_text(
+        JOB.format(model=CONFIG)
+        + "[launch]\nnproc_per_node = 2\n[strategy.overrides]\ntensor_parallel = {autotp_size = 4}\n"
+    )
+    assert main(["validate", str(job)]) == 1
+    out, err = capsys.readouterr()
+    assert "tensor_parallel.autotp_size: 4 does not divide the world size 2" in out and "Traceback" not in out + err
+    sp = "[launch]\nnproc_per_node = 2\n[strategy.overrides]\nsequence_parallel_size = 2\n"
+    job.write_text(JOB.format(model=CONFIG).replace('format = "text"', 'format = "text"\npadding_free = true') + sp)
+    assert main(["validate", str(job)]) == 1
+    assert "data.padding_free: with sequence parallelism" in capsys.readouterr().out
+    three = CONFIG.replace("hidden_size = 64", "hidden_size = 96\nnum_attention_heads = 6\nnum_key_value_heads = 3")
+    job.write_text(JOB.format(model=three) + sp)
+    assert main(["validate", str(job)]) == 1
+    assert "the model's 3 key/value heads and sequence_parallel_size 2: neither divides" in capsys.readouterr().out
+    one = CONFIG.replace("hidden_size = 64", "hidden_size = 64\nnum_attention_heads = 4\nnum_key_value_heads = 1")
+    job.write_text(JOB.format(model=one) + sp)
+    assert main(["validate", str(job)]) == 0, capsys.readouterr().out  # 1 key/value head: DeepSpeed repeats it
+    capsys.readouterr()
+
+
+def test_the_lora_rank_is_named_as_written(tmp_path: Path) -> None:
+    """[model.lora] rank = 0 is reported as model.lora.rank, the key the file has (not r)."""
+    from dsbuild import ConfigError, load_job
+
+    (tmp_path / "train.jsonl").write_text('{"text": "hello"}\n', encoding="utf-8")
+    job = tmp_path / "job.toml"
+    job.write_text(JOB.format(model=CONFIG + "[model.lora]\nrank = 0\n"))
+    with pytest.raises(ConfigError) as caught:
+        load_job(job)
+    assert [p.path for p in caught.value.problems] == ["model.lora.rank"]
