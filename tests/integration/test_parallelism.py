@@ -42,19 +42,26 @@ def run_worker(kind: str, degree: int, stage: int, out: Path) -> dict[str, Any]:
     return result
 
 
+def assert_same_run(one: dict[str, Any], two: dict[str, Any]) -> None:
+    """Three logged losses, the evaluation loss (relative 1e-5) and every saved weight (1e-5) agree."""
+    assert len(one["losses"]) == len(two["losses"]) == 3
+    for a, b in zip(one["losses"], two["losses"], strict=True):
+        assert abs(a - b) <= 1e-5 * abs(a), (one["losses"], two["losses"])
+    assert abs(one["eval_loss"] - two["eval_loss"]) <= 1e-5 * abs(one["eval_loss"])
+    assert one["weights"].keys() == two["weights"].keys()
+    for k in one["weights"]:
+        assert one["weights"][k].shape == two["weights"][k].shape, k
+    worst = max(float((one["weights"][k].float() - two["weights"][k].float()).abs().max()) for k in one["weights"])
+    assert worst <= 1e-5, worst
+
+
 @pytest.mark.parametrize("stage", [2, 3])
 def test_two_way_sequence_parallelism_trains_as_one_process(stage: int, tmp_path: Path) -> None:
     """3 optimizer steps of variable-length SFT samples (prompts untrained, accumulation 2): the logged losses, the
     evaluation loss and every weight of the saved model equal the 1-process run's."""
     one = run_worker("sequence", 1, stage, tmp_path / "one")
     two = run_worker("sequence", 2, stage, tmp_path / "two")
-    assert len(one["losses"]) == len(two["losses"]) == 3
-    for a, b in zip(one["losses"], two["losses"], strict=True):
-        assert abs(a - b) <= 1e-5 * abs(a), (one["losses"], two["losses"])
-    assert abs(one["eval_loss"] - two["eval_loss"]) <= 1e-5 * abs(one["eval_loss"])
-    assert one["weights"].keys() == two["weights"].keys()
-    worst = max(float((one["weights"][k].float() - two["weights"][k].float()).abs().max()) for k in one["weights"])
-    assert worst <= 1e-5, worst
+    assert_same_run(one, two)
 
 
 def _train(job: Path, out: Path, *argv: str) -> list[float]:
@@ -104,12 +111,4 @@ def test_two_way_autotp_trains_as_one_process(stage: int, tmp_path: Path) -> Non
     run's."""
     one = run_worker("tensor", 1, stage, tmp_path / "one")
     two = run_worker("tensor", 2, stage, tmp_path / "two")
-    assert len(one["losses"]) == len(two["losses"]) == 3
-    for a, b in zip(one["losses"], two["losses"], strict=True):
-        assert abs(a - b) <= 1e-5 * abs(a), (one["losses"], two["losses"])
-    assert abs(one["eval_loss"] - two["eval_loss"]) <= 1e-5 * abs(one["eval_loss"])
-    assert one["weights"].keys() == two["weights"].keys()
-    for k in one["weights"]:
-        assert one["weights"][k].shape == two["weights"][k].shape, k
-    worst = max(float((one["weights"][k].float() - two["weights"][k].float()).abs().max()) for k in one["weights"])
-    assert worst <= 1e-5, worst
+    assert_same_run(one, two)
