@@ -136,14 +136,15 @@ def test_a_nan_run_exits_non_zero(tmp_path: Path) -> None:
 
 
 def test_data_without_a_trainable_token_is_refused_before_launch(tmp_path: Path) -> None:
-    """All training texts empty: refused before any process starts, naming the file."""
+    """All training texts empty: refused before any process starts, naming the file, exit 1 (the data fails its
+    checks, as dsbuild validate says)."""
     data = tmp_path / "empty.jsonl"
     data.write_text("\n".join(json.dumps({"text": ""}) for _ in range(8)) + "\n")
     done = dsbuild(
         "train", *out_dir(tmp_path), f"--set=data.path='{data}'", "--set=data.format='text'",
         "--set=data.eval_path=''", cwd=tmp_path,
     )  # fmt: skip
-    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.returncode == 1, done.stderr[-2000:]
     assert f"data.path: {data}: none of its 8 samples has a token to train on" in done.stderr
     assert not (tmp_path / "run").exists()  # refused before anything started
 
