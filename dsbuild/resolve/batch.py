@@ -12,23 +12,18 @@ from typing import Any
 
 import attrs
 
-__all__ = ["Derived", "Triangle", "TriangleProblem", "degrees", "derive", "model_parallel"]
+__all__ = ["Derived", "Triangle", "TriangleProblem", "degrees", "derive"]
 
 
 def degrees(config: Any) -> tuple[int, int]:
-    """``(sequence_parallel_size, tensor_parallel.autotp_size)`` of a config, 1 where unset, ``"auto"`` or below 2."""
+    """``(sequence_parallel_size, tensor_parallel.autotp_size)`` of a config, 1 where unset, ``"auto"`` or below 2.
+
+    The batch triangle counts data-parallel ranks as the world size over the first only: DeepSpeed 0.19.8 checks
+    ``train_batch_size`` against every process with AutoTP (a tensor-parallel group's ranks, which read the same
+    batches, counted as if each read its own), and the HF Trainer fills it so."""
     sp = getattr(config, "sequence_parallel_size", None)
     tp = getattr(getattr(config, "tensor_parallel", None), "autotp_size", None)
     return (sp if type(sp) is int and sp > 1 else 1, tp if type(tp) is int and tp > 1 else 1)
-
-
-def model_parallel(config: Any) -> tuple[tuple[str, int], ...]:
-    """The degrees that split the world size before the triangle counts data-parallel ranks, as ``(key, degree)``:
-    ``sequence_parallel_size`` where it is an integer above 1. Not ``tensor_parallel.autotp_size``: DeepSpeed 0.19.8
-    checks ``train_batch_size`` against every process with AutoTP (a tensor-parallel group's ranks, which read the
-    same batches, counted as if each read its own), and the HF Trainer fills it so."""
-    sp = getattr(config, "sequence_parallel_size", None)
-    return (("sequence_parallel_size", sp),) if type(sp) is int and sp > 1 else ()
 
 
 @attrs.frozen

@@ -48,7 +48,7 @@ from ..config.fields import Spec, check_value
 from ..config.walk import auto_paths, leaves
 from ..errors import ConflictError, InvalidValueError, Problem, UnresolvedAutoError
 from ..io.convert import to_dict
-from .batch import Derived, Triangle, TriangleProblem, derive, model_parallel
+from .batch import Derived, Triangle, TriangleProblem, degrees, derive
 from .hf_table import ACCELERATE_FILLS, BATCH_KEYS, FILLS, TOTAL_STEPS, Fact, Fill, Need, fill_of
 from .training import NoneValue, Training, training_from
 
@@ -91,22 +91,19 @@ class _Run:
         model: Any,
         hidden_size: Any,
         total_steps: Any,
-        parallel: tuple[tuple[str, int], ...],
+        sp: int,
     ) -> None:
         _check_arguments(world_size, hidden_size, total_steps)
-        # DeepSpeed's batch triangle counts data-parallel ranks: the world size over the sequence- and
-        # tensor-parallel degrees.
-        degree = 1
-        for key, size in parallel:
-            degree *= size
-            if world_size % degree:
-                raise InvalidValueError(Problem(key, f"{size} does not divide the world size {world_size}"))
-        self.world_size: int = world_size // degree
-        over = " / ".join(f"{key} {size}" for key, size in parallel)
+        # DeepSpeed's batch triangle counts data-parallel ranks: the world size over the sequence-parallel degree.
+        if world_size % sp:
+            raise InvalidValueError(
+                Problem("sequence_parallel_size", f"{sp} does not divide the world size {world_size}")
+            )
+        self.world_size: int = world_size // sp
         self.world_text = (
             f"world size {world_size}"
-            if degree == 1
-            else f"data-parallel size {world_size // degree} (world size {world_size} / {over})"
+            if sp == 1
+            else f"data-parallel size {world_size // sp} (world size {world_size} / sequence_parallel_size {sp})"
         )
         self.training = _training_view(training)
         self.model = model
@@ -520,7 +517,7 @@ def resolve(
     the argument that would. Pure and idempotent; values the config sets are never
     changed; ``provenance`` of the result says where each filled value came from.
     """
-    run = _Run(world_size, training, model, hidden_size, total_steps, model_parallel(config))
+    run = _Run(world_size, training, model, hidden_size, total_steps, degrees(config)[0])
     res = _Resolution(config, run, frozenset(leave))
     autos = auto_paths(config)
     _apply_fills(res)

@@ -262,7 +262,7 @@ def prepare(job: Job, data: Datasets | None = None) -> Prepared:
     """
     from ..data import collate
     from ..data.tokens import keep_trained_template
-    from ..session import Session, distributed, parallel
+    from ..session import Session, distributed
     from ..session.building import pretrained_config
 
     phase = _phase_teller(distributed.rank() == 0)
@@ -295,7 +295,7 @@ def prepare(job: Job, data: Datasets | None = None) -> Prepared:
         collate,
         pad_token_id=pad or 0,
         padding_free=job.data.padding_free,
-        pad_to_multiple_of=parallel.degree(session.config.to_dict()),  # each sequence cut into that many shards
+        pad_to_multiple_of=session.sequence_parallel_size,  # each sequence cut into that many shards
     )
     return Prepared(session, train, evaluation, collate_fn, total, note)
 

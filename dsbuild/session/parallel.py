@@ -23,13 +23,7 @@ from typing import Any
 
 from ..errors import SessionError
 
-__all__ = ["SequenceShards", "degree", "loss_scale", "refusal", "register", "whole_batch_loss"]
-
-
-def degree(ds_config: dict[str, Any]) -> int:
-    """The run's sequence-parallel degree (1: none)."""
-    value = ds_config.get("sequence_parallel_size")
-    return value if isinstance(value, int) and value > 1 else 1
+__all__ = ["SequenceShards", "loss_scale", "refusal", "register", "whole_batch_loss"]
 
 
 def problems(config: Any, sp: int, world_size: int, attn: str | None = None) -> list[str]:
@@ -210,13 +204,15 @@ def whole_batch_loss(shard_loss: Any, batch: Any, samples: int) -> tuple[Any, in
     return mean, samples if sp_rank == 0 else 0
 
 
-def loss_scale(world_size: int, sp: int, tp: int, zero_stage: int) -> int:
+def loss_scale(world_size: int, sp: int, tp: int, zero_stage: int, *, average_tokens: bool = True) -> int:
     """What a token-weighted micro-batch loss is multiplied by before DeepSpeed's backward: the processes that
     counted the step's tokens together, over those DeepSpeed averages gradients across (the HF Trainer's
     ``num_processes`` factor). A tensor-parallel group is one data-parallel replica (``num_processes // tp_size``).
     DeepSpeed 0.19.8 reduces a sequence-parallel group's gradients two ways: ZeRO-3 averages them over every rank,
     ZeRO 0-2 sum them over the group and average over the data-parallel ranks (tests/integration/test_parallelism.py
-    holds both to the 1-process run)."""
+    holds both to the 1-process run). Without ``average_tokens`` each process counted its own tokens: 1."""
+    if not average_tokens:
+        return 1
     if tp > 1:
         return world_size // tp
     return world_size if sp == 1 or zero_stage == 3 else world_size // sp

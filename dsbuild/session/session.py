@@ -220,6 +220,7 @@ class Session:
             training=self.training,
             schedule_steps=steps if steps is not None else total_steps,
             checkpoint_digest=self.checkpoint_digest,
+            sp=self.sequence_parallel_size,
         )
         self._engine = engine
         return engine
@@ -326,10 +327,8 @@ class Session:
     @property
     def _loss_scale(self) -> int:
         """The token-weighted loss's multiplier before DeepSpeed's backward (``parallel.loss_scale``)."""
-        if not self._average_tokens:
-            return 1
-        sp, tp = self.sequence_parallel_size, self.tensor_parallel_size
-        return parallel.loss_scale(self.world_size, sp, tp, self.run_facts.zero_stage)
+        sp, tp, stage = self.sequence_parallel_size, self.tensor_parallel_size, self.run_facts.zero_stage
+        return parallel.loss_scale(self.world_size, sp, tp, stage, average_tokens=self._average_tokens)
 
     @property
     def _average_tokens(self) -> bool:
@@ -438,8 +437,7 @@ class Session:
 
     @property
     def tensor_parallel_size(self) -> int:
-        """The run's AutoTP degree (``tensor_parallel.autotp_size``; 1: none): DeepSpeed splits each linear layer's
-        weights over a group of that many consecutive ranks, which train on the same batches."""
+        """The run's AutoTP degree (``tensor_parallel.autotp_size``; 1: none; docs/session.md)."""
         return degrees(self._config)[1]
 
     @property

@@ -205,6 +205,7 @@ def start_engine(
     training: Training | None,
     schedule_steps: int | None,
     checkpoint_digest: str,
+    sp: int = 1,
 ) -> Any:
     """``deepspeed.initialize`` on the resolved ``ds_config``, after the refusals a run must not pass silently.
 
@@ -228,7 +229,6 @@ def start_engine(
     refusal = deepcompile_refusal(ds_config)
     if refusal is not None:
         raise SessionError(f"compile.deepcompile: {refusal}")
-    sp = parallel.degree(ds_config)
     micro = ds_config.get("train_micro_batch_size_per_gpu")
     mpu = (
         parallel.register(model, sp, micro if isinstance(micro, int) else 1, distributed.world_size())

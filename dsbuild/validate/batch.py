@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ..config import AUTO, ConfigFields
-from ..resolve.batch import Triangle, TriangleProblem, degrees, derive, model_parallel
+from ..resolve.batch import Triangle, TriangleProblem, degrees, derive
 from .facts import Diagnostic, Facts, rule
 
 __all__ = ["batch_triangle"]
@@ -38,25 +38,15 @@ def batch(f: Facts) -> Iterator[Diagnostic]:
     if f.world_size is None:
         yield from _batch_without_world(f, train, micro, accum)
         return
-    tp = degrees(c)[1]
-    if f.world_size % tp:
-        yield f.error(
-            "tensor_parallel.autotp_size",
-            f"{tp} does not divide the world size {f.world_size}",
-            "use a tensor-parallel degree that divides the number of processes",
-        )
-        return
-    degree = 1
-    for key, size in model_parallel(c):
-        degree *= size
-        if f.world_size % degree:
+    for key, size in zip(("sequence_parallel_size", "tensor_parallel.autotp_size"), degrees(c), strict=True):
+        if f.world_size % size:
             yield f.error(
                 key,
                 f"{size} does not divide the world size {f.world_size}",
                 "use a degree that divides the number of processes",
             )
             return
-    found = derive(train, micro, accum, f.world_size // degree)
+    found = derive(train, micro, accum, f.world_size // degrees(c)[0])
     if isinstance(found, TriangleProblem):
         yield f.error("train_batch_size", found.message, found.hint)
 
@@ -87,11 +77,9 @@ def batch_triangle(config: ConfigFields, world_size: int) -> tuple[int, int, int
     keys = (config.train_batch_size, config.train_micro_batch_size_per_gpu, config.gradient_accumulation_steps)
     if AUTO in keys or AUTO is config.sequence_parallel_size:
         return None
-    degree = 1
-    for _, size in model_parallel(config):
-        degree *= size
-    if world_size % degree:
+    sp = degrees(config)[0]
+    if world_size % sp:
         return None
     train, micro, accum = (k if isinstance(k, int) else None for k in keys)
-    found = derive(train, micro, accum, world_size // degree)
+    found = derive(train, micro, accum, world_size // sp)
     return (found.train_batch_size, found.micro, found.accumulation) if isinstance(found, Triangle) else None
