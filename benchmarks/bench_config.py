@@ -39,7 +39,11 @@ CASES = {
 
 def run_once(code: str) -> tuple[float, float]:
     """Wall seconds and peak RSS (MiB) of one fresh interpreter running ``code``."""
-    env = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu")}
+    # As installed: pip writes every package's bytecode at install time, so the children may write (and then
+    # read) dsbuild's too; with PYTHONDONTWRITEBYTECODE set (as on the dev VM) an editable dsbuild was compiled
+    # from source on every run while deepspeed and transformers read their installed bytecode.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["DS_ACCELERATOR"] = os.environ.get("DS_ACCELERATOR", "cpu")
     start = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(proc.pid, 0)
@@ -51,7 +55,7 @@ def run_once(code: str) -> tuple[float, float]:
 
 def fresh_process(repeats: int) -> dict[str, dict[str, float]]:
     samples: dict[str, list[tuple[float, float]]] = {name: [] for name in CASES}
-    for code in CASES.values():  # warm the page cache once
+    for code in CASES.values():  # warm the page cache once, and write bytecode as an install would
         run_once(code)
     for _ in range(repeats):
         for name, code in CASES.items():

@@ -19,7 +19,6 @@ from .errors import (
     UnknownKeyError,
     UnresolvedAutoError,
 )
-from .io.presets import presets  # the function: it shadows the module of the same name
 from .version import VERSION
 
 if TYPE_CHECKING:
@@ -73,6 +72,7 @@ _LAZY = {
     "Training": "resolve.training",
     "Diagnostic": "validate",
     "validate_job": "run.checks",
+    "presets": "io.presets",
 }
 """Names imported on first use: the Session needs torch and DeepSpeed, and the rest keeps
 ``import dsbuild`` + building a config well under a tenth of ``import deepspeed``; even ``Config`` waits for its
