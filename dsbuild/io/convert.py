@@ -334,19 +334,3 @@ def to_dict(config: ConfigFields) -> dict[str, Any]:
     if config.extra:  # the sections carried as written come last
         out.update(_plain(dict(config.extra)))
     return out
-
-
-def __getattr__(name: str) -> Any:
-    """``converter``: a cattrs ``Converter`` whose ``unstructure`` is ``to_dict`` and ``structure(d, Config)`` is
-    ``Config.from_dict`` (made on first use: building a config never imports cattrs)."""
-    if name != "converter":
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import cattrs
-
-    converter = cattrs.Converter()
-    converter.register_unstructure_hook_func(lambda t: isinstance(t, type) and issubclass(t, ConfigFields), to_dict)
-    converter.register_structure_hook_func(
-        lambda t: isinstance(t, type) and issubclass(t, ConfigBase), lambda data, t: from_dict(data, cls=t)
-    )
-    globals()["converter"] = converter
-    return converter
