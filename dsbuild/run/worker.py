@@ -351,15 +351,13 @@ def _run(
         # The history goes on from the checkpoint: records of an attempt that died after it are dropped.
         history.cut_after(history_file, resumed_from or 0)
 
-    # Checkpoints (every save_steps, and at the end) come from fit; evaluation every eval_steps (default: at each
-    # checkpoint, and at the end).
+    # Checkpoints (every save_steps, and at the end) and evaluation (every eval_steps, default at each checkpoint,
+    # and at the end, as the HF Trainer) come from fit.
     training = job.training
     save_every = steps_between(training.save_steps, ready.total_steps) if training.save_strategy == "steps" else 0
     eval_steps = steps_between(training.eval_steps, ready.total_steps) if training.eval_steps else None
     eval_every = (eval_steps or save_every or None) if ready.evaluation is not None else None
     session.fit(ready.train, eval_data=ready.evaluation, eval_every=eval_every, collate_fn=ready.collate_fn)
-    if ready.evaluation is not None and eval_every and session.global_step % eval_every:
-        session.evaluate(ready.evaluation, collate_fn=ready.collate_fn)  # the final model too (in the history)
     session.save_model()  # HF format, or the LoRA adapters; collective
 
     if main_process:

@@ -1,4 +1,5 @@
-"""``Session``: one DeepSpeed engine, with the model built for it, a loop, checkpoints that resume exactly, export.
+"""``EngineSession``: one DeepSpeed engine, with the model built for it, checkpoints that resume exactly, export
+(``Session`` adds the loop, ``fit``).
 
 A ``Session`` resolves the config against the run (training arguments, the
 model's hidden size, the real world size, the number of optimizer steps) and
@@ -27,7 +28,7 @@ from ..outputs import history, manifest
 from ..outputs.run_folder import RunFolder
 from ..resolve.batch import degrees
 from ..resolve.training import Training
-from . import batches, checkpoints, distributed, export, loop, parallel, weights_only
+from . import batches, checkpoints, distributed, export, parallel, weights_only
 from .batches import StepOutput, micro_step
 from .export import lora_fingerprint, model_fingerprint
 from .setup import (
@@ -43,31 +44,14 @@ from .setup import (
 
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
+    from typing_extensions import Self
 
-__all__ = ["Session", "SessionError", "StepOutput"]
+__all__ = ["EngineSession"]
 
 
-class Session:
-    """A DeepSpeed training session: the engine, the model it trains, its resolved config.
-
-    ``model`` is an ``nn.Module``, an HF ``PreTrainedModel`` or a peft model;
-    ``config`` a ``Config``, a ds_config dict, a config file or a preset name;
-    ``training`` a ``Training`` or HF ``TrainingArguments``; ``output_dir`` where
-    ``ds_config.json``, monitor logs, ``history.jsonl``, checkpoints and the model
-    go (default ``training.output_dir``). Only parameters that require grad reach
-    the optimizer. The config is resolved and checked here, before any process
-    group exists; the engine is built on first use (see the module docstring).
-
-    ``total_steps``: the run's optimizer steps when ``fit`` will not count them;
-    ``hidden_size``: the model's, for a model without an HF ``config``;
-    ``tokenizer``: saved with the model; ``infer_batch_size``: the per-device
-    batch of ``evaluate``; ``keep_last``: checkpoints kept (default
-    ``training.save_total_limit``); ``data_fingerprint``: a digest of the training
-    data, recorded in checkpoints so a resume on other data is refused;
-    ``terminate_on_nan``: stop ``fit`` at the first NaN or infinite loss (default);
-    ``checkpoint_digest``: what checkpoint files are hashed with in their manifest,
-    ``"xxh3_128"`` (default: finds damage as SHA-256 does, many times faster) or ``"sha256"``.
-    """
+class EngineSession:
+    """A ``Session`` without its loop: the engine, the model it trains, its resolved config, one micro-batch
+    (``step``), evaluation, checkpoints and export. ``Session`` (``dsbuild.session.session``) adds ``fit``."""
 
     def __init__(
         self,
@@ -164,7 +148,7 @@ class Session:
         tokenizer: Any = None,
         output_dir: str | os.PathLike[str] | None = None,
         **session_kwargs: Any,
-    ) -> Session:
+    ) -> Self:
         """A session for an HF causal LM: a local path / hub id (its weights) or a ``PretrainedConfig`` (random init).
 
         Under ZeRO-3 the model is built inside ``zero.Init`` the HF way (never whole
@@ -366,52 +350,7 @@ class Session:
             scale=self._loss_scale,
         )
 
-    # -- the loop ----------------------------------------------------------------------
-
-    def fit(
-        self,
-        train_data: Any,
-        epochs: float | None = None,
-        max_steps: int | None = None,
-        eval_data: Any = None,
-        eval_every: int | None = None,
-        save_every: int | None = None,
-        *,
-        collate_fn: Callable[[list[Any]], Any] | None = None,
-        loss_fn: Callable[[Any, Any], Any] | None = None,
-    ) -> list[dict[str, Any]]:
-        """Train until ``max_steps`` optimizer steps (or ``epochs`` over ``train_data``); return this call's history.
-
-        ``train_data`` is a DataLoader, or a Dataset (then each rank reads its share
-        through a ``DistributedSampler`` in micro batches of the resolved size).
-        The run's length comes from ``max_steps``, else ``epochs``, else the
-        constructor's ``total_steps`` / ``training.max_steps``, else
-        ``training.num_train_epochs`` (1 epoch without training arguments).
-
-        ``eval_every`` / ``save_every`` count optimizer steps. With an output directory,
-        checkpoints go to ``output_dir/checkpoints`` as ``training.save_strategy`` says
-        (every ``save_steps``, or at each epoch's end), and once more at the end of
-        training unless the strategy is ``"no"``, as the HF Trainer does. Metrics (loss,
-        lr, grad norm, samples/s, tokens/s) go to DeepSpeed's monitors every
-        ``training.logging_steps``, to ``output_dir/history.jsonl`` as they come (so a
-        killed run keeps them), and to the returned list (one dict per optimizer step,
-        plus one per evaluation). A NaN or infinite loss stops training at that step
-        with ``NonFiniteLossError`` (``terminate_on_nan=False`` lets it go on). A call
-        after ``load_checkpoint`` continues where the checkpoint left off.
-        ``collate_fn`` turns a list of samples into a batch; ``loss_fn(model, batch)``
-        returns the loss for a model whose forward does not take the batch itself.
-        """
-        return loop.fit(
-            self,
-            train_data,
-            epochs=epochs,
-            max_steps=max_steps,
-            eval_data=eval_data,
-            eval_every=eval_every,
-            save_every=save_every,
-            collate_fn=collate_fn,
-            loss_fn=loss_fn,
-        )
+    # -- data ------------------------------------------------------------------------------
 
     def data_loader(
         self, data: Any, batch_size: int, *, shuffle: bool, collate_fn: Callable[[list[Any]], Any] | None = None

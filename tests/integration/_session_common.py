@@ -49,3 +49,14 @@ class TokenData(Dataset[dict[str, torch.Tensor]]):
 def batch(n: int = 2, length: int = 16, seed: int = 1) -> dict[str, torch.Tensor]:
     data = TokenData(n, length, seed)
     return {k: torch.stack([data[i][k] for i in range(n)]) for k in ("input_ids", "attention_mask", "labels")}
+
+
+class Regression(torch.nn.Module):
+    """A model the HF Trainer and a Session both train as it is: ``forward(x, y)`` returns the loss (MSE)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+
+    def forward(self, x: Any, y: Any) -> dict[str, Any]:
+        return {"loss": torch.nn.functional.mse_loss(self.net(x), y)}

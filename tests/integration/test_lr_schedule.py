@@ -17,6 +17,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("deepspeed")
 transformers = pytest.importorskip("transformers")
 
+from _session_common import Regression  # noqa: E402
+
 from dsbuild import Config, Session, Training  # noqa: E402
 
 STEPS = 5
@@ -55,17 +57,6 @@ def test_the_first_steps_run_at_the_hf_trainers_rates(kind: str, warmup: int) ->
     assert [r["lr"] for r in history[:STEPS]] == pytest.approx(hf_rates(kind, warmup, 10, 3e-3), rel=1e-9, abs=1e-15)
 
 
-class _Regression(torch.nn.Module):
-    """A model the HF Trainer trains as it is: ``forward(x, y)`` returns the loss."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
-
-    def forward(self, x: Any, y: Any) -> dict[str, Any]:
-        return {"loss": torch.nn.functional.mse_loss(self.net(x), y)}
-
-
 def test_an_odd_epoch_takes_the_hf_trainers_steps_and_rates(tmp_path: Any) -> None:
     """5 micro-batches an epoch with accumulation 2 over 2 epochs: as many optimizer steps as the real HF Trainer
     takes on the same data (an epoch's last step takes the one micro-batch left), at the same rates."""
@@ -80,7 +71,7 @@ def test_an_odd_epoch_takes_the_hf_trainers_steps_and_rates(tmp_path: Any) -> No
         lr_scheduler_type="linear",
     )
     hf = transformers.Trainer(
-        model=_Regression(),
+        model=Regression(),
         args=transformers.TrainingArguments(
             output_dir=str(tmp_path / "hf"),
             report_to=[],
