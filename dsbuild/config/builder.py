@@ -65,6 +65,50 @@ class _verb(Generic[P]):
         return bound
 
 
+class _options(Generic[P]):
+    """A section verb (``zero_options``, ``bf16``, ``fp16``, the schedulers): a builder verb that names every field of
+    its section as a keyword (``help()``, ``inspect.signature``, editors and mypy see each, typed) and receives the
+    ones given as one explicit dict, its parameter after ``self``: ``None`` is "leave unset" and is not in it.
+
+    A name the verb does not take arrives too (typed ``Never`` in ``**unknown``, so mypy flags it) and is checked
+    like the others, so a misspelling gets its "did you mean" at run time.
+    """
+
+    def __init__(self, fn: Callable[Concatenate[Any, dict[str, Any], P], Any]) -> None:
+        self.fn = fn
+        self.__doc__ = fn.__doc__
+        self.__name__ = fn.__name__
+        self.__wrapped__ = fn
+        self.signature: Any = None  # the verb's, without ``self`` and the dict (made on first use)
+        self.named: frozenset[str] = frozenset()
+
+    @overload
+    def __get__(self, obj: None, owner: type[C]) -> Callable[P, C]: ...
+    @overload
+    def __get__(self, obj: C, owner: type[C]) -> Callable[P, C]: ...
+    def __get__(self, obj: C | None, owner: type[C]) -> Callable[P, C]:
+        target = owner() if obj is None else obj
+        fn: Callable[..., Any] = self.fn  # called with the dict its own signature declares
+        if self.signature is None:
+            import inspect
+
+            whole = inspect.signature(fn)
+            self.signature = whole.replace(parameters=list(whole.parameters.values())[2:])
+            self.named = frozenset(self.signature.parameters) - {"unknown"}
+        named = self.named
+
+        def verb(*args: P.args, **kwargs: P.kwargs) -> C:
+            if args:  # every parameter is keyword-only
+                raise TypeError(f"{fn.__name__}() takes keyword arguments only ({len(args)} positional given)")
+            result: C = fn(target, {k: v for k, v in kwargs.items() if v is not None or k not in named})
+            return result
+
+        verb.__name__ = verb.__qualname__ = fn.__name__
+        verb.__doc__ = fn.__doc__
+        verb.__signature__ = self.signature  # type: ignore[attr-defined]
+        return verb
+
+
 def _build(cls: type[R], path: str, fields: Mapping[str, Any]) -> R:
     """``cls(**fields)`` with unknown names and bad values reported under ``path``, all at once."""
     return cls(**_checked(cls, path, fields))
@@ -120,16 +164,6 @@ def _checked_value(attribute: attrs.Attribute[Any], path: str, value: Any, probl
     return value
 
 
-def _given(arguments: dict[str, Any]) -> dict[str, Any]:
-    """The keyword arguments a verb was given, from its ``locals()`` (``None`` is "leave unset").
-
-    A name the verb does not take arrives in ``unknown`` (typed ``Never``, so mypy flags it) and is
-    checked like the others, so a misspelling gets its "did you mean" at run time too.
-    """
-    given = {k: v for k, v in arguments.items() if k not in ("self", "unknown", "__class__") and v is not None}
-    return {**given, **arguments.get("unknown", {})}
-
-
 def _set(**fields: Any) -> dict[str, Any]:
     """The arguments that were given (``None`` means "leave unset")."""
     return {k: v for k, v in fields.items() if v is not None}
@@ -173,9 +207,10 @@ class ConfigBase(ConfigFields):
         zero = self.zero_optimization or ZeroOptimization()
         return attrs.evolve(self, zero_optimization=_evolve(zero, "zero_optimization", stage=stage))
 
-    @_verb
+    @_options
     def zero_options(
         self,
+        given: dict[str, Any],
         /,
         *,
         stage: int | float | Auto | None = None,
@@ -224,7 +259,6 @@ class ConfigBase(ConfigFields):
         Every ZeRO setting is a keyword (see ``ZeroOptimization`` for what each does); ``None`` leaves it
         unchanged, an integral float such as ``1e9`` is the integer, and an offload section takes a table.
         """
-        given = _given(locals())
         zero = self.zero_optimization or ZeroOptimization()
         return attrs.evolve(self, zero_optimization=_evolve(zero, "zero_optimization", **given))
 
@@ -297,9 +331,10 @@ class ConfigBase(ConfigFields):
             )
         return attrs.evolve(self, zero_optimization=attrs.evolve(zero, **changes))
 
-    @_verb
+    @_options
     def bf16(
         self,
+        given: dict[str, Any],
         /,
         *,
         enabled: bool | Auto | None = None,
@@ -310,12 +345,13 @@ class ConfigBase(ConfigFields):
         **unknown: Never,
     ) -> Self:
         """Train in bf16 mixed precision (turns fp16 off); other ``bf16`` settings by name (see ``BF16``)."""
-        section = _build(BF16, "bf16", {"enabled": True, **_given(locals())})
+        section = _build(BF16, "bf16", {"enabled": True, **given})
         return attrs.evolve(self, bf16=section, fp16=None)
 
-    @_verb
+    @_options
     def fp16(
         self,
+        given: dict[str, Any],
         /,
         *,
         enabled: bool | Auto | None = None,
@@ -331,7 +367,7 @@ class ConfigBase(ConfigFields):
     ) -> Self:
         """Train in fp16 mixed precision (turns bf16 off), e.g. ``.fp16(loss_scale=0, initial_scale_power=16)``;
         other ``fp16`` settings by name (see ``FP16``)."""
-        section = _build(FP16, "fp16", {"enabled": True, **_given(locals())})
+        section = _build(FP16, "fp16", {"enabled": True, **given})
         return attrs.evolve(self, fp16=section, bf16=None)
 
     @_verb
@@ -413,9 +449,10 @@ class ConfigBase(ConfigFields):
         fields = _with_aliases(_set(**params), _SCHEDULER_ALIASES, "scheduler.params")
         return attrs.evolve(self, scheduler=Scheduler(type=type, params=_build(cls, "scheduler.params", fields)))
 
-    @_verb
+    @_options
     def warmup_lr(
         self,
+        given: dict[str, Any],
         /,
         *,
         warmup_min_lr: float | Auto | None = None,
@@ -429,11 +466,12 @@ class ConfigBase(ConfigFields):
         **unknown: Never,
     ) -> Self:
         """``WarmupLR``: warm up from ``warmup_min_lr`` to ``warmup_max_lr`` over ``warmup_num_steps`` (alias ``warmup_steps``), then hold."""
-        return self._scheduler("WarmupLR", WarmupLRParams, _given(locals()))
+        return self._scheduler("WarmupLR", WarmupLRParams, given)
 
-    @_verb
+    @_options
     def warmup_decay_lr(
         self,
+        given: dict[str, Any],
         /,
         *,
         total_num_steps: int | float | Auto | None = None,
@@ -449,11 +487,12 @@ class ConfigBase(ConfigFields):
         **unknown: Never,
     ) -> Self:
         """``WarmupDecayLR``: warm up, then decay linearly to 0 at ``total_num_steps`` (alias ``total_steps``)."""
-        return self._scheduler("WarmupDecayLR", WarmupDecayLRParams, _given(locals()))
+        return self._scheduler("WarmupDecayLR", WarmupDecayLRParams, given)
 
-    @_verb
+    @_options
     def warmup_cosine_lr(
         self,
+        given: dict[str, Any],
         /,
         *,
         total_num_steps: int | float | Auto | None = None,
@@ -467,11 +506,12 @@ class ConfigBase(ConfigFields):
         **unknown: Never,
     ) -> Self:
         """``WarmupCosineLR``: warm up, then cosine decay; ratios of the optimizer's lr."""
-        return self._scheduler("WarmupCosineLR", WarmupCosineLRParams, _given(locals()))
+        return self._scheduler("WarmupCosineLR", WarmupCosineLRParams, given)
 
-    @_verb
+    @_options
     def one_cycle(
         self,
+        given: dict[str, Any],
         /,
         *,
         cycle_min_lr: float | Auto | None = None,
@@ -490,11 +530,12 @@ class ConfigBase(ConfigFields):
         **unknown: Never,
     ) -> Self:
         """``OneCycle``: the 1-cycle policy between ``cycle_min_lr`` and ``cycle_max_lr``."""
-        return self._scheduler("OneCycle", OneCycleParams, _given(locals()))
+        return self._scheduler("OneCycle", OneCycleParams, given)
 
-    @_verb
+    @_options
     def lr_range_test(
         self,
+        given: dict[str, Any],
         /,
         *,
         lr_range_test_min_lr: float | Auto | None = None,
@@ -505,7 +546,7 @@ class ConfigBase(ConfigFields):
         **unknown: Never,
     ) -> Self:
         """``LRRangeTest``: grow the lr from ``lr_range_test_min_lr`` to find a good range."""
-        return self._scheduler("LRRangeTest", LRRangeTestParams, _given(locals()))
+        return self._scheduler("LRRangeTest", LRRangeTestParams, given)
 
     @_verb
     def batch(
