@@ -235,6 +235,19 @@ def test_precision_verbs_are_exclusive() -> None:
     assert message(e) == "fp16.loss_scael: unknown key (did you mean 'loss_scale'?)"
 
 
+def test_a_section_verb_takes_what_was_given_and_nothing_else() -> None:
+    """A section verb's dict holds the keywords given: ``None`` leaves a field unset, a misspelt name is refused even
+    when its value is ``None``, and a positional argument is a TypeError."""
+    assert Config.zero(3).zero_options(overlap_comm=True, reduce_bucket_size=None).to_dict() == {
+        "zero_optimization": {"stage": 3, "overlap_comm": True}
+    }
+    with pytest.raises(UnknownKeyError) as e:
+        Config.bf16(enabeld=None)
+    assert message(e) == "bf16.enabeld: unknown key (did you mean 'enabled'?)"
+    with pytest.raises(TypeError, match="keyword arguments only"):
+        Config.warmup_lr(0.0)
+
+
 @pytest.mark.parametrize(
     ("verb", "type_name", "params_class"),
     [
