@@ -68,45 +68,41 @@ class _verb(Generic[P]):
 class _options(Generic[P]):
     """A section verb (``zero_options``, ``bf16``, ``fp16``, the schedulers): a builder verb that names every field of
     its section as a keyword (``help()``, ``inspect.signature``, editors and mypy see each, typed) and receives the
-    ones given as one explicit dict, its parameter after ``self``: ``None`` is "leave unset" and is not in it.
+    ones given as one explicit dict, its parameter after ``self``: ``None`` is "leave unset" and is not in it. The
+    body reads only that dict (its keywords are all ``None`` there).
 
     A name the verb does not take arrives too (typed ``Never`` in ``**unknown``, so mypy flags it) and is checked
-    like the others, so a misspelling gets its "did you mean" at run time.
+    like the others, so a misspelling gets its "did you mean" at run time, also as ``None``.
     """
 
     def __init__(self, fn: Callable[Concatenate[Any, dict[str, Any], P], Any]) -> None:
-        self.fn = fn
+        import inspect  # already imported by attrs
+
+        whole = inspect.signature(fn)
+        self_, _given, *keywords = whole.parameters.values()
+        named = [p for p in keywords if p.kind is inspect.Parameter.KEYWORD_ONLY]
+        assert all(p.default is None for p in named), f"{fn.__name__}: a section verb's keywords default to None"
+        named_set = frozenset(p.name for p in named)
+        call: Callable[..., Any] = fn  # called with the dict its own signature declares
+
+        def verb(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if args:  # every parameter is keyword-only
+                raise TypeError(f"{fn.__name__}() takes keyword arguments only ({len(args)} positional given)")
+            return call(self, {k: v for k, v in kwargs.items() if v is not None or k not in named_set})
+
+        verb.__name__, verb.__qualname__, verb.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
+        verb.__signature__ = whole.replace(parameters=[self_, *keywords])  # type: ignore[attr-defined]
+        self.verb = verb
         self.__doc__ = fn.__doc__
         self.__name__ = fn.__name__
-        self.__wrapped__ = fn
-        self.signature: Any = None  # the verb's, without ``self`` and the dict (made on first use)
-        self.named: frozenset[str] = frozenset()
 
     @overload
     def __get__(self, obj: None, owner: type[C]) -> Callable[P, C]: ...
     @overload
     def __get__(self, obj: C, owner: type[C]) -> Callable[P, C]: ...
     def __get__(self, obj: C | None, owner: type[C]) -> Callable[P, C]:
-        target = owner() if obj is None else obj
-        fn: Callable[..., Any] = self.fn  # called with the dict its own signature declares
-        if self.signature is None:
-            import inspect
-
-            whole = inspect.signature(fn)
-            self.signature = whole.replace(parameters=list(whole.parameters.values())[2:])
-            self.named = frozenset(self.signature.parameters) - {"unknown"}
-        named = self.named
-
-        def verb(*args: P.args, **kwargs: P.kwargs) -> C:
-            if args:  # every parameter is keyword-only
-                raise TypeError(f"{fn.__name__}() takes keyword arguments only ({len(args)} positional given)")
-            result: C = fn(target, {k: v for k, v in kwargs.items() if v is not None or k not in named})
-            return result
-
-        verb.__name__ = verb.__qualname__ = fn.__name__
-        verb.__doc__ = fn.__doc__
-        verb.__signature__ = self.signature  # type: ignore[attr-defined]
-        return verb
+        bound: Callable[P, C] = types.MethodType(self.verb, owner() if obj is None else obj)
+        return bound
 
 
 def _build(cls: type[R], path: str, fields: Mapping[str, Any]) -> R:
@@ -446,7 +442,7 @@ class ConfigBase(ConfigFields):
         return attrs.evolve(self, optimizer=Optimizer(type=type, params=typed))
 
     def _scheduler(self, type: str, cls: type, params: dict[str, Any]) -> Self:  # noqa: A002
-        fields = _with_aliases(_set(**params), _SCHEDULER_ALIASES, "scheduler.params")
+        fields = _with_aliases(params, _SCHEDULER_ALIASES, "scheduler.params")
         return attrs.evolve(self, scheduler=Scheduler(type=type, params=_build(cls, "scheduler.params", fields)))
 
     @_options

@@ -306,7 +306,7 @@ class Training:
     """Also log the first optimizer step; default false."""
     eval_strategy: str = _arg("no", _STRATEGY)
     """When ``fit`` evaluates: ``"steps"`` (every ``eval_steps``), ``"epoch"`` or ``"no"`` (once, at the end, when
-    given eval data); default ``"no"``."""
+    given eval data); the end of training is evaluated under each, unless its last step just was; default ``"no"``."""
     eval_steps: float | None = _arg(None, Spec("float", gt=0, auto=False), optional=True)
     """Evaluate every this many steps with ``eval_strategy = "steps"``; below 1 a fraction of the run; default
     ``logging_steps``."""

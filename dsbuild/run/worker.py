@@ -356,7 +356,8 @@ def _run(
     training = job.training
     save_every = steps_between(training.save_steps, ready.total_steps) if training.save_strategy == "steps" else 0
     eval_steps = steps_between(training.eval_steps, ready.total_steps) if training.eval_steps else None
-    eval_every = (eval_steps or save_every or None) if ready.evaluation is not None else None
+    by_steps = ready.evaluation is not None and training.eval_strategy != "epoch"  # "epoch": fit evaluates at each end
+    eval_every = (eval_steps or save_every or None) if by_steps else None
     session.fit(ready.train, eval_data=ready.evaluation, eval_every=eval_every, collate_fn=ready.collate_fn)
     session.save_model()  # HF format, or the LoRA adapters; collective
 

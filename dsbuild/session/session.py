@@ -26,7 +26,7 @@ class Session(EngineSession):
     ``ds_config.json``, monitor logs, ``history.jsonl``, checkpoints and the model
     go (default ``training.output_dir``). Only parameters that require grad reach
     the optimizer. The config is resolved and checked here, before any process
-    group exists; the engine is built on first use (see the module docstring).
+    group exists; the engine is built on first use (see ``dsbuild.session.engine``'s docstring).
 
     ``total_steps``: the run's optimizer steps when ``fit`` will not count them;
     ``hidden_size``: the model's, for a model without an HF ``config``;
@@ -59,7 +59,8 @@ class Session(EngineSession):
         constructor's ``total_steps`` / ``training.max_steps``, else
         ``training.num_train_epochs`` (1 epoch without training arguments).
 
-        ``eval_every`` / ``save_every`` count optimizer steps. With an output directory,
+        ``eval_every`` / ``save_every`` count optimizer steps; the end of training is evaluated too, unless its last
+        step just was (the HF Trainer's rule). With an output directory,
         checkpoints go to ``output_dir/checkpoints`` as ``training.save_strategy`` says
         (every ``save_steps``, or at each epoch's end), and once more at the end of
         training unless the strategy is ``"no"``, as the HF Trainer does. Metrics (loss,
@@ -158,7 +159,7 @@ class Session(EngineSession):
             progress.close()
             kept.flush()
         evaluated_last = any(r.get("step") == engine.global_steps and "eval_loss" in r for r in records)
-        if plan.eval_at_end and not evaluated_last:
+        if plan.eval_at_end and last is not None and not evaluated_last:
             records.append(evaluated())  # as the HF Trainer: the end of training is evaluated, once
         if plan.log_epochs and last is not None and self.position.batch_in_epoch:
             self.write_events("Train", last)  # the last epoch ended with the run, before its end was seen
