@@ -14,7 +14,8 @@ from .._util.safe_read import count_records
 from ..api import Config
 from ..errors import ConfigError, Problem
 from ..resolve.batch import degrees
-from ..resolve.training import Training, micro_batches, optimizer_steps
+from ..resolve.schedule import micro_batches, optimizer_steps
+from ..resolve.training import Training
 from ..validate import Diagnostic, validate
 from .reader import JobReader, read_job_dict
 from .spec import DataSpec, LaunchSpec, ModelSpec, StrategySpec

@@ -30,7 +30,6 @@ __all__ = [
     "SCHEDULER_TYPES",
     "NoneValue",
     "Training",
-    "steps_between",
     "training_from",
 ]
 
@@ -170,46 +169,6 @@ class NoneValue:
 
     def __repr__(self) -> str:
         return "None"
-
-
-def micro_batches(
-    samples: int,
-    world_size: int,
-    micro_batch: int,
-    *,
-    drop_last: bool,
-    sequence_parallel: int = 1,
-    tensor_parallel: int = 1,
-) -> int:
-    """One process's micro-batches in an epoch of ``samples``: a ``DistributedSampler`` pads each rank's share to
-    ``ceil(samples / world_size)``; the last micro-batch is short, or dropped with ``dataloader_drop_last``.
-
-    A tensor-parallel group's ranks read the same share (the sampler has ``world_size / tensor_parallel`` replicas);
-    a sequence-parallel group's ranks each take a shard of every micro-batch of the group (``sequence_parallel``
-    times their own), as the HF Trainer counts them.
-    """
-    share = math.ceil(samples / max(world_size // tensor_parallel, 1))  # a degree that does not divide: validate's
-    own = share // micro_batch if drop_last else math.ceil(share / micro_batch)
-    return own * sequence_parallel
-
-
-def optimizer_steps(micro_batches: int, accumulation: int, *, max_steps: int = -1, epochs: float = 1.0) -> int:
-    """The run's optimizer steps as the HF Trainer counts them: ``max_steps`` when above 0, else ``epochs`` of
-    ``ceil(micro_batches / accumulation)`` steps (an epoch's last step takes what is left), at least 1.
-
-    The one step count: ``Job.total_steps`` (from the data file), ``dsbuild train`` (from the tokenized data) and
-    ``Session.fit`` (from its data loader) all ask it.
-    """
-    if max_steps > 0:
-        return max_steps
-    per_epoch = max(math.ceil(micro_batches / accumulation), 1)
-    return max(math.ceil(epochs * per_epoch), 1)
-
-
-def steps_between(value: float, total_steps: int) -> int:
-    """Optimizer steps between two events from an HF interval argument (``save_steps``, ``eval_steps``,
-    ``logging_steps``): a count, or below 1 a fraction of the run's ``total_steps`` (rounded up, at least 1)."""
-    return max(math.ceil(value * total_steps), 1) if value < 1 else int(value)
 
 
 def _arg(default: Any, spec: Spec, *, optional: bool = False) -> Any:

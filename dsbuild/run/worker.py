@@ -43,7 +43,7 @@ from ..outputs.manifest import candidates, fingerprint, read_latest, sha256_file
 from ..outputs.plot import plot_in_child
 from ..outputs.run_folder import RunFolder
 from ..resolve.batch import degrees
-from ..resolve.training import micro_batches, optimizer_steps, steps_between
+from ..resolve.schedule import micro_batches, optimizer_steps, steps_between
 from .model import build_tokenizer, model_source
 
 logger = logging.getLogger("dsbuild")

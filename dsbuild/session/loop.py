@@ -1,6 +1,5 @@
-"""What ``Session.fit`` works out before its loop and reports from it, as values: the run's length, its
-``Schedule`` of logging, evaluation and saving, the progress shown, the stop signals, and the messages a stop
-gives. Nothing here holds a session."""
+"""What ``Session.fit`` shows and listens for as it trains: the progress, the stop signals, and the messages a stop
+gives (its run's length and ``Schedule`` come from ``dsbuild.resolve.schedule``). Nothing here holds a session."""
 
 from __future__ import annotations
 
@@ -14,109 +13,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
-import attrs
-
-from ..errors import NonFiniteLossError, SessionError
+from ..errors import NonFiniteLossError
 from ..outputs import manifest
 from ..outputs.run_folder import RunFolder
-from ..resolve.training import Training, optimizer_steps, steps_between
 
-__all__ = ["LAUNCHER_LOST", "LAUNCHER_PID", "Progress", "Schedule", "StopSignals", "non_finite", "run_steps"]
+__all__ = ["LAUNCHER_LOST", "LAUNCHER_PID", "Progress", "StopSignals", "non_finite"]
 
 logger = logging.getLogger("dsbuild")
-
-
-def run_steps(
-    batches: int,
-    accumulation: int,
-    *,
-    epochs: float | None,
-    max_steps: int | None,
-    total_steps: int | None,
-    training: Training | None,
-) -> int:
-    """The run's optimizer steps: ``max_steps``, else ``epochs``, else the session's ``total_steps`` /
-    ``training.max_steps``, else ``training.num_train_epochs`` (1 epoch without training arguments)."""
-    if max_steps is not None:
-        return int(max_steps)
-    if epochs is not None:
-        return optimizer_steps(batches, accumulation, epochs=epochs)
-    if total_steps is not None:
-        return int(total_steps)
-    if training is None:
-        return optimizer_steps(batches, accumulation)
-    return optimizer_steps(batches, accumulation, max_steps=training.max_steps, epochs=training.num_train_epochs)
-
-
-def _every(training: Training | None, name: str, steps: int) -> int | None:
-    """An interval in optimizer steps from a training argument (below 1: a fraction of the run); ``None`` without."""
-    return steps_between(float(getattr(training, name)), steps) if training is not None else None
-
-
-@attrs.frozen(kw_only=True)
-class Schedule:
-    """When one ``fit`` logs, evaluates and saves, as the HF Trainer does: its strategies and intervals worked out
-    once for a run of ``steps`` optimizer steps. ``*_every``: every so many steps (``None``: not by steps);
-    ``*_epochs``: at each epoch's end; ``*_at_end``: when training ends, unless that step was just evaluated or
-    saved (HF's ``DefaultFlowCallback``: a run evaluated by steps is evaluated at its end too)."""
-
-    steps: int
-    log_every: int | None
-    log_first: bool
-    log_epochs: bool
-    eval_every: int | None
-    eval_epochs: bool
-    eval_at_end: bool
-    save_every: int | None
-    save_epochs: bool
-    save_at_end: bool
-
-    @classmethod
-    def of(
-        cls,
-        training: Training | None,
-        steps: int,
-        *,
-        eval_every: int | None = None,
-        save_every: int | None = None,
-        evaluating: bool = False,
-        saving: bool = False,
-    ) -> Schedule:
-        """The schedule from the training arguments (``logging_*``, ``eval_*``, ``save_*``; without them: log every
-        step, evaluate at the end, save by ``save_every``) and ``fit``'s own ``eval_every`` / ``save_every``, which
-        win. ``evaluating``: ``fit`` has evaluation data; ``saving``: the session has an output directory."""
-        logging_strategy = training.logging_strategy if training is not None else "steps"
-        evaluation = training.eval_strategy if training is not None else "no"
-        saves = training.save_strategy if training is not None else "steps"
-        if eval_every is None and evaluation == "steps" and training is not None:
-            eval_every = _every(training, "eval_steps" if training.eval_steps is not None else "logging_steps", steps)
-        if save_every and not saving:
-            raise SessionError("save_every needs an output directory: pass output_dir= to the Session")
-        by_steps = save_every
-        if by_steps is None and saving and saves == "steps":
-            by_steps = _every(training, "save_steps", steps)
-        return cls(
-            steps=steps,
-            log_every=(_every(training, "logging_steps", steps) or 1) if logging_strategy == "steps" else None,
-            log_first=training is not None and training.logging_first_step,
-            log_epochs=logging_strategy == "epoch",
-            eval_every=(eval_every or None) if evaluating else None,
-            eval_epochs=evaluating and evaluation == "epoch",
-            eval_at_end=evaluating,
-            save_every=by_steps or None,
-            save_epochs=saving and saves == "epoch" and save_every is None,
-            save_at_end=saving and (bool(by_steps) or saves == "epoch"),
-        )
-
-    def logs(self, step: int) -> bool:
-        """Whether optimizer step ``step`` is logged (to the monitors, and as a plain line off a terminal)."""
-        return bool(self.log_every and step % self.log_every == 0) or (self.log_first and step == 1)
-
-    def evaluates(self, step: int) -> bool:
-        return bool(self.eval_every and step % self.eval_every == 0)
-
-    def saves(self, step: int) -> bool:
-        return bool(self.save_every and step % self.save_every == 0)
 
 
 class Progress:

@@ -9,6 +9,7 @@ from typing import Any
 from ..errors import RunStopped, SessionError
 from ..outputs.history import History
 from ..outputs.run_folder import RunFolder
+from ..resolve.schedule import Schedule, run_steps
 from . import distributed, loop
 from .batches import StepOutput, counts
 from .engine import EngineSession
@@ -77,7 +78,7 @@ class Session(EngineSession):
         batches, accumulation = len(loader), self.gradient_accumulation_steps
         if batches == 0:
             raise SessionError("train_data is empty (no micro-batch for this process)")
-        steps = loop.run_steps(
+        steps = run_steps(
             batches,
             accumulation,
             epochs=epochs,
@@ -86,7 +87,7 @@ class Session(EngineSession):
             training=self.training,
         )
         engine = self.engine_for(steps)
-        plan = loop.Schedule.of(
+        plan = Schedule.of(
             self.training,
             steps,
             eval_every=eval_every,

@@ -244,7 +244,7 @@ def test_a_section_verb_takes_what_was_given_and_nothing_else() -> None:
     with pytest.raises(UnknownKeyError) as e:
         Config.bf16(enabeld=None)
     assert message(e) == "bf16.enabeld: unknown key (did you mean 'enabled'?)"
-    with pytest.raises(UnknownKeyError, match="scheduler.params.warmup_stepz: unknown key"):
+    with pytest.raises(UnknownKeyError, match=r"scheduler\.params\.warmup_stepz: unknown key"):
         Config.warmup_lr(warmup_stepz=None)
     with pytest.raises(TypeError, match="keyword arguments only"):
         Config.warmup_lr(0.0)

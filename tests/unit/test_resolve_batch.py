@@ -254,7 +254,7 @@ def test_training_get_warmup_steps() -> None:
 def test_micro_batches_of_an_epoch_under_sequence_and_tensor_parallelism() -> None:
     """What Session.fit's loader gives each rank: AutoTP groups read one share (world / tp replicas); a
     sequence-parallel rank takes a shard of each of its group's micro-batches (sp times its own)."""
-    from dsbuild.resolve.training import micro_batches
+    from dsbuild.resolve.schedule import micro_batches
 
     assert micro_batches(100, 4, 2, drop_last=False) == 13  # ceil(25 / 2)
     assert micro_batches(100, 4, 2, drop_last=False, tensor_parallel=2) == 25  # 50 samples each

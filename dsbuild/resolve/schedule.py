@@ -1,0 +1,147 @@
+"""A run's step arithmetic and its schedule, as the HF Trainer counts them: one process's micro-batches in an epoch,
+the run's optimizer steps, intervals given as counts or fractions of the run, and the ``Schedule`` of when a run logs,
+evaluates and saves. The one home of these rules: ``Job.total_steps``, ``dsbuild train`` and ``Session.fit`` ask it."""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+from ..errors import SessionError
+from .training import Training
+
+__all__ = ["Schedule", "micro_batches", "optimizer_steps", "run_steps", "steps_between"]
+
+
+def micro_batches(
+    samples: int,
+    world_size: int,
+    micro_batch: int,
+    *,
+    drop_last: bool,
+    sequence_parallel: int = 1,
+    tensor_parallel: int = 1,
+) -> int:
+    """One process's micro-batches in an epoch of ``samples``: a ``DistributedSampler`` pads each rank's share to
+    ``ceil(samples / world_size)``; the last micro-batch is short, or dropped with ``dataloader_drop_last``.
+
+    A tensor-parallel group's ranks read the same share (the sampler has ``world_size / tensor_parallel`` replicas);
+    a sequence-parallel group's ranks each take a shard of every micro-batch of the group (``sequence_parallel``
+    times their own), as the HF Trainer counts them.
+    """
+    share = math.ceil(samples / max(world_size // tensor_parallel, 1))  # a degree that does not divide: validate's
+    own = share // micro_batch if drop_last else math.ceil(share / micro_batch)
+    return own * sequence_parallel
+
+
+def optimizer_steps(micro_batches: int, accumulation: int, *, max_steps: int = -1, epochs: float = 1.0) -> int:
+    """The run's optimizer steps as the HF Trainer counts them: ``max_steps`` when above 0, else ``epochs`` of
+    ``ceil(micro_batches / accumulation)`` steps (an epoch's last step takes what is left), at least 1.
+
+    The one step count: ``Job.total_steps`` (from the data file), ``dsbuild train`` (from the tokenized data) and
+    ``Session.fit`` (from its data loader) all ask it.
+    """
+    if max_steps > 0:
+        return max_steps
+    per_epoch = max(math.ceil(micro_batches / accumulation), 1)
+    return max(math.ceil(epochs * per_epoch), 1)
+
+
+def steps_between(value: float, total_steps: int) -> int:
+    """Optimizer steps between two events from an HF interval argument (``save_steps``, ``eval_steps``,
+    ``logging_steps``): a count, or below 1 a fraction of the run's ``total_steps`` (rounded up, at least 1)."""
+    return max(math.ceil(value * total_steps), 1) if value < 1 else int(value)
+
+
+def run_steps(
+    batches: int,
+    accumulation: int,
+    *,
+    epochs: float | None,
+    max_steps: int | None,
+    total_steps: int | None,
+    training: Training | None,
+) -> int:
+    """The run's optimizer steps: ``max_steps``, else ``epochs``, else the session's ``total_steps`` /
+    ``training.max_steps``, else ``training.num_train_epochs`` (1 epoch without training arguments)."""
+    if max_steps is not None:
+        return int(max_steps)
+    if epochs is not None:
+        return optimizer_steps(batches, accumulation, epochs=epochs)
+    if total_steps is not None:
+        return int(total_steps)
+    if training is None:
+        return optimizer_steps(batches, accumulation)
+    return optimizer_steps(batches, accumulation, max_steps=training.max_steps, epochs=training.num_train_epochs)
+
+
+def _every(training: Training | None, name: str, steps: int) -> int | None:
+    """An interval in optimizer steps from a training argument (below 1: a fraction of the run); ``None`` without."""
+    return steps_between(float(getattr(training, name)), steps) if training is not None else None
+
+
+@attrs.frozen(kw_only=True)
+class Schedule:
+    """When one ``fit`` logs, evaluates and saves, as the HF Trainer does: its strategies and intervals worked out
+    once for a run of ``steps`` optimizer steps. ``*_every``: every so many steps (``None``: not by steps);
+    ``*_epochs``: at each epoch's end; ``*_at_end``: when training ends, unless that step was just evaluated or
+    saved (HF's ``DefaultFlowCallback``: a run evaluated by steps is evaluated at its end too)."""
+
+    steps: int
+    log_every: int | None
+    log_first: bool
+    log_epochs: bool
+    eval_every: int | None
+    eval_epochs: bool
+    eval_at_end: bool
+    save_every: int | None
+    save_epochs: bool
+    save_at_end: bool
+
+    @classmethod
+    def of(
+        cls,
+        training: Training | None,
+        steps: int,
+        *,
+        eval_every: int | None = None,
+        save_every: int | None = None,
+        evaluating: bool = False,
+        saving: bool = False,
+    ) -> Schedule:
+        """The schedule from the training arguments (``logging_*``, ``eval_*``, ``save_*``; without them: log every
+        step, evaluate at the end, save by ``save_every``) and ``fit``'s own ``eval_every`` / ``save_every``, which
+        win. ``evaluating``: ``fit`` has evaluation data; ``saving``: the session has an output directory."""
+        logging_strategy = training.logging_strategy if training is not None else "steps"
+        evaluation = training.eval_strategy if training is not None else "no"
+        saves = training.save_strategy if training is not None else "steps"
+        if eval_every is None and evaluation == "steps" and training is not None:
+            eval_every = _every(training, "eval_steps" if training.eval_steps is not None else "logging_steps", steps)
+        if save_every and not saving:
+            raise SessionError("save_every needs an output directory: pass output_dir= to the Session")
+        by_steps = save_every
+        if by_steps is None and saving and saves == "steps":
+            by_steps = _every(training, "save_steps", steps)
+        return cls(
+            steps=steps,
+            log_every=(_every(training, "logging_steps", steps) or 1) if logging_strategy == "steps" else None,
+            log_first=training is not None and training.logging_first_step,
+            log_epochs=logging_strategy == "epoch",
+            eval_every=(eval_every or None) if evaluating else None,
+            eval_epochs=evaluating and evaluation == "epoch",
+            eval_at_end=evaluating,
+            save_every=by_steps or None,
+            save_epochs=saving and saves == "epoch" and save_every is None,
+            save_at_end=saving and (bool(by_steps) or saves == "epoch"),
+        )
+
+    def logs(self, step: int) -> bool:
+        """Whether optimizer step ``step`` is logged (to the monitors, and as a plain line off a terminal)."""
+        return bool(self.log_every and step % self.log_every == 0) or (self.log_first and step == 1)
+
+    def evaluates(self, step: int) -> bool:
+        return bool(self.eval_every and step % self.eval_every == 0)
+
+    def saves(self, step: int) -> bool:
+        return bool(self.save_every and step % self.save_every == 0)
