@@ -8,7 +8,9 @@ error summary names the rank too.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,6 +19,7 @@ from typing import Any
 from .._util.overrides import parse_set
 from ..errors import ConfigError, DsbuildError, NonFiniteLossError, RunStopped
 from ..job import demo_job_path, load_job
+from ..run.launch import STOPPED_MARK
 from ..run.worker import run
 from ..session.loop import LAUNCHER_PID
 from .output import error, escape, show_logs
@@ -50,6 +53,7 @@ def _main(argv: Sequence[str] | None) -> int:
     # torchrun's agent, noted before anything slow (tokenizing, a conversion): a worker whose agent is gone stops
     # at its next step (dsbuild.session.loop), also when the agent died while this one was starting.
     os.environ.setdefault(LAUNCHER_PID, str(os.getppid()))
+    _mark_sigterm()
     args = _parser().parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
     show_logs()
@@ -81,6 +85,27 @@ def _main(argv: Sequence[str] | None) -> int:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
     return 0
+
+
+def _mark_sigterm() -> None:
+    """A SIGTERM that ends this rank outside ``fit``'s agreed stop (torchrun stopping the ranks left once one has
+    ended, maybe while this one is still recording its own error) leaves a mark beside its error file, so the failure
+    report does not take it for the rank that was lost; then the signal ends the process as it would have. ``fit``
+    handles SIGTERM itself while it trains, and puts this handler back after."""
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not error_file:
+        return
+    mark = Path(error_file).parent / STOPPED_MARK
+    owner = os.getpid()
+
+    def note(number: int, frame: Any) -> None:
+        if os.getpid() == owner:  # not a forked child (a data-loading worker)
+            with contextlib.suppress(OSError):
+                mark.write_text("SIGTERM\n", encoding="utf-8")
+        signal.signal(number, signal.SIG_DFL)
+        os.kill(os.getpid(), number)
+
+    signal.signal(signal.SIGTERM, note)
 
 
 def ray_worker(config: dict[str, Any]) -> None:

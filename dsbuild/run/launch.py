@@ -26,6 +26,7 @@ from . import slurm
 __all__ = [
     "DEFAULT_MASTER_PORT",
     "LOG_PREFIX",
+    "STOPPED_MARK",
     "Nodes",
     "device_env",
     "failure_report",
@@ -289,6 +290,11 @@ def _recorded_error(rank_dir: Path) -> tuple[str, str]:
         return "", ""
 
 
+STOPPED_MARK: Final = "stopped_by_torchrun"
+"""The file a rank writes beside its error file when a SIGTERM ends it outside ``fit``'s agreed stop (torchrun
+stopping the ranks left once one has ended; ``dsbuild.cli.rank``), so the report tells it from a rank that was lost."""
+
+
 def failure_report(run_dir: Path | None, tail: int = 15) -> list[str]:
     """The failed ranks of a torchrun run (those that wrote an error file, first failure first) and their last stderr
     lines; a line starting with a space continues the one before it."""
@@ -301,19 +307,21 @@ def failure_report(run_dir: Path | None, tail: int = 15) -> list[str]:
             stamp, message = _recorded_error(rank_dir)
             said = message.strip().splitlines()
             failed.append((stamp, rank_dir, said[-1] if said else ""))
-    lines = []
-    if not failed:  # killed, or died before Python could record anything: show every rank
+    recorded = {rank_dir for _, rank_dir, _ in failed}
+    stopped = [p for p in ranks if p not in recorded and (p / STOPPED_MARK).is_file()]
+    lost = [p for p in ranks if p not in recorded and p not in stopped]
+    lines: list[str] = []
+    if lost and len(lost) < len(ranks):
+        # A rank that left no error and no mark of its own while the others did was lost first (a signal, the
+        # out-of-memory killer, its node): the others then failed waiting for it, or torchrun stopped them. Name it
+        # first.
+        lines.extend(
+            f"local rank {rank_dir.name} was lost: it ended without an error of its own (killed by a signal, "
+            "or by the out-of-memory killer), and the others failed waiting for it"
+            for rank_dir in lost
+        )
+    elif not failed and not stopped:  # killed, or died before Python could record anything: show every rank
         failed = [("", rank_dir, "") for rank_dir in ranks]
-    elif len(failed) < len(ranks):
-        # A rank that left no error of its own while the others did was lost first (a signal, the out-of-memory
-        # killer, its node): the others then failed waiting for it in a collective. Name it first.
-        recorded = {rank_dir for _, rank_dir, _ in failed}
-        for rank_dir in ranks:
-            if rank_dir not in recorded:
-                lines.append(
-                    f"local rank {rank_dir.name} was lost: it ended without an error of its own (killed by a signal, "
-                    "or by the out-of-memory killer), and the others failed waiting for it"
-                )
     shown: set[str] = set()
     for _, rank_dir, message in sorted(failed, key=lambda f: f[0]):
         if message and message in shown:
@@ -330,4 +338,7 @@ def failure_report(run_dir: Path | None, tail: int = 15) -> list[str]:
         if text:
             lines.append(f"  last lines of {stderr}:")
             lines.extend(f"    {line}" for line in text[-tail:])
+    lines.extend(
+        f"local rank {rank_dir.name} was stopped by torchrun once another rank had ended" for rank_dir in stopped
+    )
     return lines
