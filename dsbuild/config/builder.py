@@ -65,7 +65,7 @@ class _verb(Generic[P]):
         return bound
 
 
-class _options(Generic[P]):
+class _options(_verb[P]):
     """A section verb (``zero_options``, ``bf16``, ``fp16``, the schedulers): a builder verb that names every field of
     its section as a keyword (``help()``, ``inspect.signature``, editors and mypy see each, typed) and receives the
     ones given as one explicit dict, its parameter after ``self``: ``None`` is "leave unset" and is not in it. The
@@ -85,24 +85,14 @@ class _options(Generic[P]):
         named_set = frozenset(p.name for p in named)
         call: Callable[..., Any] = fn  # called with the dict its own signature declares
 
-        def verb(self: Any, *args: Any, **kwargs: Any) -> Any:
+        def verb(self: Any, /, *args: Any, **kwargs: Any) -> Any:
             if args:  # every parameter is keyword-only
                 raise TypeError(f"{fn.__name__}() takes keyword arguments only ({len(args)} positional given)")
             return call(self, {k: v for k, v in kwargs.items() if v is not None or k not in named_set})
 
         verb.__name__, verb.__qualname__, verb.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
         verb.__signature__ = whole.replace(parameters=[self_, *keywords])  # type: ignore[attr-defined]
-        self.verb = verb
-        self.__doc__ = fn.__doc__
-        self.__name__ = fn.__name__
-
-    @overload
-    def __get__(self, obj: None, owner: type[C]) -> Callable[P, C]: ...
-    @overload
-    def __get__(self, obj: C, owner: type[C]) -> Callable[P, C]: ...
-    def __get__(self, obj: C | None, owner: type[C]) -> Callable[P, C]:
-        bound: Callable[P, C] = types.MethodType(self.verb, owner() if obj is None else obj)
-        return bound
+        super().__init__(verb)  # bound as any builder verb is
 
 
 def _build(cls: type[R], path: str, fields: Mapping[str, Any]) -> R:
