@@ -25,7 +25,7 @@ from ..errors import ConfigError, DsbuildError, NonFiniteLossError, RunStopped
 from ..version import VERSION
 from .args import Commands
 from .configs import add_explain, add_export, add_presets, add_schema, add_show, add_validate
-from .output import error, report, show_logs
+from .output import error, escape_lines, report, show_logs
 from .tools import add_checkpoints, add_doctor, add_plan
 from .train import add_train
 
@@ -74,10 +74,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     show_logs()
     try:
         return handler(args)
+    except RunStopped as e:  # saved and stopped on a signal, as asked: not an error; --resume continues
+        print(f"dsbuild: {escape_lines(str(e))}", file=sys.stderr)
+        return RunStopped.EXIT_CODE
+    except KeyboardInterrupt:  # a second Ctrl-C (the first stops at the next step where a command can)
+        error("interrupted")
+        return 130
     except DsbuildError as e:
         report(e)
-        if isinstance(e, RunStopped):
-            return RunStopped.EXIT_CODE  # saved and stopped on a signal: --resume continues
         if isinstance(e, NonFiniteLossError) or (isinstance(e, ConfigError) and e.fails_checks):
             return 1  # a run that failed, or a config or job that fails its checks (DESIGN.md, docs/cli.md)
         return 2  # input that cannot be read, or a command used wrongly

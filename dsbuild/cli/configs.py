@@ -189,7 +189,9 @@ def _export(args: argparse.Namespace) -> int:
         # The job's training arguments in the HF Trainer's names: TrainingArguments(**json.load(f)) runs as the job.
         arguments = output.with_name(f"{output.stem}.training_args.json")
         deepspeed = str(written) if fmt == "json" else None
-        write_atomic(arguments, json.dumps(training_arguments(job.training, deepspeed=deepspeed), indent=1) + "\n")
+        hf = training_arguments(job.training, deepspeed=deepspeed)
+        del hf["output_dir"]  # the HF run writes where its script says, never into this job's run folder
+        write_atomic(arguments, json.dumps(hf, indent=1) + "\n")
         out(f"wrote {written}, {arguments}  (TrainingArguments(**json.load(open('{arguments}'))))")
         return 0
     out(f"wrote {written}")

@@ -68,8 +68,13 @@ class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
 
 
 class _Escaped(logging.Formatter):
+    """``dsbuild: ...``, and ``dsbuild: warning: ...`` for a warning or worse, as the CLI's own ``warning``."""
+
     def format(self, record: logging.LogRecord) -> str:
-        return escape_lines(super().format(record))
+        text = escape_lines(super().format(record))
+        if record.levelno >= logging.WARNING:
+            return text.replace("dsbuild: ", "dsbuild: warning: ", 1)
+        return text
 
 
 def out(text: str, *, end: str = "\n") -> None:

@@ -18,11 +18,11 @@ from typing import Any
 
 from .._util.overrides import parse_set
 from ..errors import ConfigError, DsbuildError, NonFiniteLossError, RunStopped
-from ..job import demo_job_path, load_job
+from ..job import load_job
 from ..run.launch import STOPPED_MARK
 from ..run.worker import run
 from ..session.loop import LAUNCHER_PID
-from .output import error, escape, show_logs
+from .output import error, escape, escape_lines, show_logs
 
 __all__ = ["main"]
 
@@ -58,7 +58,7 @@ def _main(argv: Sequence[str] | None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     show_logs()
     try:
-        job = load_job(args.job or demo_job_path(), dict(parse_set(text) for text in args.set))
+        job = load_job(args.job, dict(parse_set(text) for text in args.set))
         # Started again by torchrun after a failure (--max-restarts, an elastic run): go on from the newest verified
         # checkpoint, on whatever number of processes the restart has (another world size: a universal checkpoint).
         restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
@@ -73,8 +73,10 @@ def _main(argv: Sequence[str] | None) -> int:
 
         where = f"{e.source}: " if isinstance(e, ConfigError) and e.source else ""
         problems = e.problems if isinstance(e, ConfigError) else [str(e)]
-        for problem in problems:
-            error(f"rank {rank}: {escape(where)}{escape(str(problem))}")
+        if isinstance(e, RunStopped):  # an agreed stop, not an error (dsbuild train says it too, with its outcome)
+            print(f"dsbuild: rank {rank}: {escape_lines(str(e))}", file=sys.stderr)
+        for problem in problems if not isinstance(e, RunStopped) else ():
+            error(f"rank {rank}: {escape(where)}{escape_lines(str(problem))}")
         get_error_handler().record_exception(e)  # torchrun's summary names this rank and the error
         if isinstance(e, RunStopped):
             return RunStopped.EXIT_CODE

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, OutputDirError, RunStopped
+from ..errors import OutputDirError, RunStopped
 from .args import Commands, node_count, non_negative_int, port_number, positive_int
 from .output import error, escape_lines, out, plural, said, warning
 
 if TYPE_CHECKING:
-    from ..validate import Diagnostic
+    pass
 
 __all__ = ["add_train"]
 
@@ -43,9 +44,11 @@ def add_train(commands: Commands) -> None:
         description=(
             "Train the model of a job file with DeepSpeed: in this process for one process, through torchrun for "
             "several processes or nodes. Without JOB, runs the built-in demo (a tiny Llama learning arithmetic, "
-            "a few minutes on a CPU). Exit 0: trained; 1: the job's config fails validation, or a rank failed; "
-            "2: the job cannot be used; 75: stopped by a signal after saving a checkpoint (--resume continues); "
-            "130: interrupted."
+            "a few minutes on a CPU). Every relative path in the job is relative to the job file. Exit 0: trained; "
+            "1: the job fails its checks, a rank failed or the loss became NaN; 2: the job or its output folder "
+            "cannot be used; 75: stopped by a signal after saving this stop's checkpoint (--resume continues); 130: "
+            "interrupted by Ctrl-C before that checkpoint was saved (a second Ctrl-C stops at once); 128+N: stopped "
+            "by signal N before it was saved."
         ),
     )
     p.add_argument("job", nargs="?", metavar="JOB", help="a job file (default: the built-in demo job)")
@@ -135,7 +138,9 @@ def _train(args: argparse.Namespace) -> int:
     if args.backend == "ray":
         require("dsbuild train --backend ray", "ray", extra="ray")
     path = Path(args.job) if args.job is not None else demo_job_path()
-    job = load_job(path, job_sets(args.set))
+    job = load_job(args.job, job_sets(args.set))
+    # The ranks write where this job resolved its output folder, whatever folder they start in.
+    worker_sets = [*args.set, f"training.output_dir={json.dumps(str(job.output_dir))}"]
     backend = args.backend or job.launch.backend
     min_nodes, most_nodes = args.nnodes if args.nnodes is not None else (None, None)
     elastic = min_nodes is not None and min_nodes != most_nodes
@@ -214,13 +219,11 @@ def _train(args: argparse.Namespace) -> int:
         )
         job = attrs.evolve(job, launch=attrs.evolve(job.launch, device_mapping=None, nproc_per_node=nproc))
 
-    found = job.validate(world_size=nproc * nnodes)
-    errors = [d for d in found if d.severity == "error"]
-    errors += _refused(job)
-    if not errors:  # the model's attention and heads against the sequence-parallel degree, before any process
-        from ..run.checks import parallel_problems
+    # Everything validate checks, before any process starts; the data is tokenized on the way (and kept).
+    from ..run.checks import launch_checks
 
-        errors += parallel_problems(job, nproc * nnodes)
+    found, data = launch_checks(job, world_size=nproc * nnodes)
+    errors = [d for d in found if d.severity == "error"]
     for d in found:
         if d.severity == "warning":
             warning(f"{path}: {said(d)}")
@@ -229,11 +232,6 @@ def _train(args: argparse.Namespace) -> int:
             error(f"{path}: {said(d)}")
         error(f"not started: {plural(len(errors), 'error')}")
         return 1
-
-    try:
-        data = run.preflight(job)  # the model config, the tokenizer and the data, before any process starts
-    except ConfigError as e:  # the model config or the data fail their checks: exit 1, as validate
-        raise (e if e.source else e.with_source(str(path))).failing_checks() from None
     resume = args.resume or args.resume_from is not None
     if backend == "ray" and job.launch.storage_path is not None and not resume:
         from ..run import ray_train
@@ -266,7 +264,7 @@ def _train(args: argparse.Namespace) -> int:
                 ray_worker,
                 workers=nproc * nnodes,
                 address=args.ray_address,
-                sets=job_sets(args.set),
+                sets=job_sets(worker_sets),
                 resume=args.resume,
                 terminate_on_nan=not args.no_terminate_on_nan,
             )
@@ -287,8 +285,11 @@ def _train(args: argparse.Namespace) -> int:
                 if args.requeue:
                     _requeue()
                 raise
+            except KeyboardInterrupt:  # a second Ctrl-C: stopped at once, wherever it was
+                print(f"dsbuild: {escape_lines(_interrupted(job.output_dir))}", file=sys.stderr)
+                return 130
         else:
-            run_args = [f"--set={text}" for text in args.set]
+            run_args = [f"--set={text}" for text in worker_sets]
             # An elastic run's workers start again whenever a node leaves or joins (torchrun counts only failures as
             # restarts): every start resumes, from step 0 when there is no checkpoint yet (the folder was guarded).
             run_args += ["--resume"] if args.resume or nodes.elastic else []
@@ -306,6 +307,21 @@ def _train(args: argparse.Namespace) -> int:
     else:
         out(f"node {node_rank}: done; node 0 has the outputs in {job.output_dir}")
     return 0
+
+
+def _interrupted(output_dir: Path) -> str:
+    """What a second Ctrl-C left: the last verified checkpoint, or none."""
+    from ..outputs.manifest import last_complete
+    from ..outputs.run_folder import RunFolder
+
+    checkpoints = RunFolder(output_dir).checkpoints
+    saved = last_complete(checkpoints)
+    if saved is None:
+        return "interrupted: a second Ctrl-C stopped the run at once; no checkpoint was saved"
+    return (
+        f"interrupted: a second Ctrl-C stopped the run at once; checkpoint {checkpoints / saved} is the last verified "
+        "one: --resume continues from it"
+    )
 
 
 def _elastic_refusals(args: argparse.Namespace, job: Any) -> str | None:
@@ -336,9 +352,9 @@ def _run_id(folder: Path, endpoint: str) -> str:
 
 
 def _report(code: int, lines: list[str]) -> None:
-    """What the launcher said, on stderr: an error unless the run trained or was stopped by a signal; a line that
-    starts with a space continues the one before it."""
-    say = "" if code in (0, RunStopped.EXIT_CODE) else "error: "
+    """What the launcher said, on stderr: an error unless the run trained or was stopped by a signal (75, or 128 +
+    the signal); a line that starts with a space continues the one before it."""
+    say = "" if code in (0, RunStopped.EXIT_CODE) or code > 128 else "error: "
     for line in lines:
         print(escape_lines(line) if line.startswith(" ") else f"dsbuild: {say}{escape_lines(line)}", file=sys.stderr)
 
@@ -362,19 +378,3 @@ def _requeue() -> None:
         error(f"--requeue: {' '.join(command)} failed: {why}; requeue the job yourself (the checkpoint is saved)")
         return
     print(f"dsbuild: requeued Slurm job {target} ({' '.join(command)}); it resumes with --resume", file=sys.stderr)
-
-
-def _refused(job: Any) -> list[Diagnostic]:
-    """What the run would not do as its config says, found before any process starts: a feature dsbuild refuses
-    (``features.REFUSED``), DeepCompile on an accelerator without its op (DeepSpeed's CPU accelerator)."""
-    from ..validate import Diagnostic
-    from ..validate.feature_table import refusals
-
-    ds_config = job.config.to_dict()
-    found = [Diagnostic(p.path, "error", p.message, p.hint) for p in refusals(ds_config)]
-    if job.config.compile is None or job.config.compile.deepcompile is not True:
-        return found
-    from ..session.setup import deepcompile_refusal  # torch: only a job that asks for DeepCompile pays for it
-
-    reason = deepcompile_refusal(ds_config)
-    return [*found, Diagnostic("compile.deepcompile", "error", reason)] if reason else found

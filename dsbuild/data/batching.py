@@ -20,15 +20,15 @@ def collate(
 ) -> dict[str, Any]:
     """A batch of tensors: ids padded on the right to the longest sample, padding masked out and left out of the loss.
 
-    Every batch has ``position_ids``: 0..n-1 per sample, or the packed samples' own. Packed samples get no
-    attention mask: the model reads the restarting positions as sample boundaries, which it does only without a
-    mask and without a cache (``use_cache=False``); the padding is a sequence of its own.
+    Every batch has ``position_ids``: 0..n-1 per sample, or the packed samples' own, and 0 over the padding (as
+    TRL's collator). Packed samples get no attention mask: the model reads the restarting positions as sample
+    boundaries, which it does only without a mask and without a cache (``use_cache=False``).
 
     ``padding_free`` (TRL's): the batch as one row, its samples concatenated with restarting positions and the
     first label of each sample ``-100`` (as TRL's collator does), no padding and no attention mask.
 
     ``pad_to_multiple_of``: the sequence length rounded up to a multiple of it (sequence parallelism cuts each
-    sequence into that many shards); the padding is a sample of its own in a padding-free row.
+    sequence into that many shards).
     """
     import torch
 
@@ -45,7 +45,7 @@ def collate(
         extra = -len(ids_list) % pad_to_multiple_of
         ids_list += [pad_token_id] * extra
         label_list += [IGNORE_INDEX] * extra
-        position_list += list(range(extra))
+        position_list += [0] * extra  # TRL's padding value: each padding token a sequence of its own
         return {
             "input_ids": torch.tensor([ids_list], dtype=torch.long),
             "labels": torch.tensor([label_list], dtype=torch.long),
@@ -63,11 +63,9 @@ def collate(
         ids[i, :n] = torch.tensor(s["input_ids"], dtype=torch.long)
         labels[i, :n] = torch.tensor(s["labels"], dtype=torch.long)
         mask[i, :n] = 1
-        if packed:
-            positions[i, :n] = torch.tensor(s["position_ids"], dtype=torch.long)
-            positions[i, n:] = torch.arange(longest - n)
-        else:
-            positions[i] = torch.arange(longest)
+        # The padding's positions are 0, as TRL's collator pads them (masked out, or, packed, each padding token a
+        # sequence of its own; none is trained on).
+        positions[i, :n] = torch.tensor(s["position_ids"], dtype=torch.long) if packed else torch.arange(n)
     if packed:
         return {"input_ids": ids, "labels": labels, "position_ids": positions, "use_cache": False}
     return {"input_ids": ids, "attention_mask": mask, "labels": labels, "position_ids": positions}

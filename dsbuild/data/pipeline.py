@@ -19,16 +19,17 @@ import attrs
 from .._util.suggest import did_you_mean
 from ..env.extras import require
 from ..errors import ConfigError, Problem
+from ..job.core import Job
 from ..job.formats import CHAT_FORMATS, FIELDS
 from ..job.spec import DataSpec
 from .packing import pack_columns
 from .records import Checker, Record, check_record, no_sample_left
 from .sources import SMALL, Source, load_source, quiet
-from .tokens import Encoding, Unusable, chat_segments, chat_template_of, encode, stop_untrained
+from .tokens import Encoding, Unusable, chat_segments, chat_template_of, encode, stop_untrained, with_eos_token
 
 __all__ = ["Datasets", "Samples", "check", "encoding", "load"]
 
-_OPTIONAL: Final = {"alpaca": ("input",), "tokenized": ("labels", "attention_mask")}
+_OPTIONAL: Final = {"alpaca": ("input",), "tokenized": ("labels", "completion_mask", "attention_mask")}
 """Fields a format's records may leave out."""
 
 _BATCH: Final = 1000
@@ -108,17 +109,19 @@ def _sources(spec: DataSpec, cache_dir: str | None) -> tuple[Source, Source | No
     return train, evaluation
 
 
-def check_rows(batch: Mapping[str, list[Any]], fmt: str, columns: Mapping[str, str]) -> dict[str, list[str]]:
+def check_rows(
+    batch: Mapping[str, list[Any]], fmt: str, columns: Mapping[str, str], vocab_size: int | None = None
+) -> dict[str, list[str]]:
     """``map``'s function for checking: what is wrong with each record of a batch (``""``: nothing)."""
     names = list(batch)
     problems = []
     for row in zip(*(batch[name] for name in names), strict=True):
-        _, problem = check_record(dict(zip(names, row, strict=True)), fmt, columns)
+        _, problem = check_record(dict(zip(names, row, strict=True)), fmt, columns, vocab_size)
         problems.append(problem or "")
     return {"problem": problems}
 
 
-def _check(source: Source, spec: DataSpec, key: str) -> None:
+def _check(source: Source, spec: DataSpec, key: str, vocab_size: int | None = None) -> None:
     """Every record of ``source`` checked; one error naming the bad ones (file and line, or ``[i]``).
 
     The check is a ``map`` too: a second run on the same data reads its verdict from the cache.
@@ -134,7 +137,7 @@ def _check(source: Source, spec: DataSpec, key: str) -> None:
                 check_rows,
                 batched=True,
                 batch_size=10 * _BATCH,
-                fn_kwargs={"fmt": spec.format, "columns": dict(spec.columns)},
+                fn_kwargs={"fmt": spec.format, "columns": dict(spec.columns), "vocab_size": vocab_size},
                 remove_columns=present,
                 num_proc=_processes(spec),
                 desc=f"dsbuild: checking {source.name}",
@@ -160,13 +163,13 @@ def _check(source: Source, spec: DataSpec, key: str) -> None:
     checker.raise_if_bad(source.name, where.__getitem__, key, extra=extra)
 
 
-def check(spec: DataSpec, *, cache_dir: str | None = None) -> None:
+def check(spec: DataSpec, *, cache_dir: str | None = None, vocab_size: int | None = None) -> None:
     """Every record of the job's training and evaluation data checked, without a tokenizer (see ``load``)."""
     require("reading a job's data", "datasets")
     train, evaluation = _sources(spec, cache_dir)
-    _check(train, spec, "data.path")
+    _check(train, spec, "data.path", vocab_size)
     if evaluation is not None:
-        _check(evaluation, spec, "data.eval_path" if spec.eval_path is not None else "data.eval_split")
+        _check(evaluation, spec, "data.eval_path" if spec.eval_path is not None else "data.eval_split", vocab_size)
 
 
 # -- tokenizing -------------------------------------------------------------------------------------------------
@@ -235,7 +238,9 @@ def _tokenized(source: Source, spec: DataSpec, tokenizer: Any, options: Encoding
             batch_size=_BATCH,
             fn_kwargs={"tokenizer": tokenizer, "options": options, "columns": dict(spec.columns)},
             remove_columns=source.dataset.column_names,
-            features=_features(["input_ids", "labels"], ["length", "prompt_length", "trained"], ["problem"]),
+            features=_features(
+                ["input_ids", "labels"], ["length", "prompt_length", "trained", "labelled"], ["problem"]
+            ),
             num_proc=_processes(spec),
             desc=f"dsbuild: tokenizing the {what} data",
         )
@@ -259,12 +264,14 @@ def _finish(dataset: Any, spec: DataSpec, name: str, key: str, what: str, notes:
     """The samples that have a token to train on (packed with ``data.packing``); what was cut goes to ``notes``."""
     import numpy as np
 
-    stats = dataset.select_columns(["length", "prompt_length", "trained"]).with_format("numpy")[:]
-    length, prompt, trained = (np.asarray(stats[column]) for column in ("length", "prompt_length", "trained"))
+    columns = ("length", "prompt_length", "trained", "labelled")
+    stats = dataset.select_columns(list(columns)).with_format("numpy")[:]
+    length, prompt, trained, labelled = (np.asarray(stats[column]) for column in columns)
     limit = spec.max_length
     cut = length > limit if encoding(spec).cut else np.zeros(len(length), dtype=bool)
-    keep = trained > 0
-    if not keep.any():
+    # TRL's rule: a sample with no label left is left out, unless packed (it still fills its bin).
+    keep = np.ones(len(length), dtype=bool) if spec.packing else labelled > 0
+    if not (trained > 0).any():
         response = length - prompt
         hint = (
             f"max_length {limit} cuts away every token they train on: prompts are {_spread(prompt)} tokens "
@@ -286,8 +293,8 @@ def _finish(dataset: Any, spec: DataSpec, name: str, key: str, what: str, notes:
     if not keep.all():
         dropped = int((~keep).sum())
         notes.append(
-            f"{dropped} {what} samples left out: max_length {limit} cut away every token they train on "
-            f"(their prompts are {_spread(prompt[~keep])} tokens)"
+            f"{dropped} {what} samples left out: no token of theirs is trained on (max_length {limit} cut it away, "
+            f"or they had none; their prompts are {_spread(prompt[~keep])} tokens), as TRL leaves them out"
         )
         dataset = dataset.select(np.flatnonzero(keep))
     dataset = dataset.select_columns(["input_ids", "labels"])
@@ -313,20 +320,35 @@ def _finish(dataset: Any, spec: DataSpec, name: str, key: str, what: str, notes:
     return Samples(dataset)
 
 
-def load(spec: DataSpec, tokenizer: Any, *, seed: int = 42, cache_dir: str | None = None) -> Datasets:
+def load(
+    spec: DataSpec | Job,
+    tokenizer: Any,
+    *,
+    seed: int | None = None,
+    cache_dir: str | None = None,
+    vocab_size: int | None = None,
+) -> Datasets:
     """The job's data checked and tokenized: training and evaluation samples and a note of what was cut.
 
-    ``seed`` draws an ``eval_split`` fraction (the same records on every rank and every run); ``cache_dir``:
-    ``datasets``' cache (default ``HF_DATASETS_CACHE``). Raises ``ConfigError`` for a bad record (named by file
-    and line) and for data of which no sample has a token to train on (with the lengths it saw).
+    ``spec``: a job's ``[data]`` (``DataSpec``), or the ``Job`` itself. ``seed`` draws an ``eval_split`` fraction
+    (the same records on every rank and every run); default: the job's ``training.seed`` (what ``dsbuild train``
+    draws with) for a ``Job``, else 42 (``training.seed``'s default). ``cache_dir``: ``datasets``' cache (default
+    ``HF_DATASETS_CACHE``). ``vocab_size``: the model's, which a ``"tokenized"`` record's ids must stay below.
+    Raises ``ConfigError`` for a bad record (named by file and line) and for data of which no sample has a token to
+    train on (with the lengths it saw).
     """
+    if isinstance(spec, Job):
+        seed = spec.training.seed if seed is None else seed
+        spec = spec.data
+    seed = 42 if seed is None else seed
     require("reading a job's data", "datasets")
     train_source, eval_source = _sources(spec, cache_dir)
     eval_key = "data.eval_path" if spec.eval_path is not None else "data.eval_split"
-    _check(train_source, spec, "data.path")
+    _check(train_source, spec, "data.path", vocab_size)
     if eval_source is not None:
-        _check(eval_source, spec, eval_key)
+        _check(eval_source, spec, eval_key, vocab_size)
     options = _encoding(spec, tokenizer)
+    tokenizer = with_eos_token(tokenizer, spec.eos_token)
     notes: list[str] = []
     train = _tokenized(train_source, spec, tokenizer, options, "training")
     evaluation = None

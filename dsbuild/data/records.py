@@ -26,7 +26,7 @@ import attrs
 
 from .._util.safe_read import check_json_depth
 from ..errors import ConfigError, Problem
-from ..job.formats import FORMATS, IGNORE_INDEX, ROLES, SHAREGPT_ROLES, TEMPLATES, TRAINED_ROLE
+from ..job.formats import FORMATS, IGNORE_INDEX, ROLES, SHAREGPT_ROLES, TEMPLATES
 
 __all__ = [
     "NOTHING_TO_LEARN",
@@ -55,16 +55,19 @@ _WHOLE_FILE_HINT: Final = (
 )
 
 
-def check_record(record: Any, fmt: str, columns: Mapping[str, str] | None = None) -> tuple[Record | None, str | None]:
-    """``(checked record, None)``, or ``(None, what is wrong)`` naming the field as the file names it."""
+def check_record(
+    record: Any, fmt: str, columns: Mapping[str, str] | None = None, vocab_size: int | None = None
+) -> tuple[Record | None, str | None]:
+    """``(checked record, None)``, or ``(None, what is wrong)`` naming the field as the file names it.
+
+    ``vocab_size``: the model's; a ``"tokenized"`` record's ids and labels must be below it (an id past the
+    embedding would end the run in its first step)."""
     names = columns or {}
     if not isinstance(record, Mapping):
         return None, f"expected a JSON object, got {_type(record)}"
     if fmt == "text":
         field = names.get("text", "text")
         text, problem = _string(record, field)
-        if problem is None and not text:
-            problem = f"field {field!r}: empty {NOTHING_TO_LEARN}"
         return ({"text": text}, None) if problem is None else (None, problem)
     if fmt == "alpaca":
         out: Record = {}
@@ -74,13 +77,11 @@ def check_record(record: Any, fmt: str, columns: Mapping[str, str] | None = None
             if problem is not None:
                 return None, problem
             out[key] = value
-        if not out["output"]:
-            return None, f"field {names.get('output', 'output')!r}: empty {NOTHING_TO_LEARN}"
         return out, None
     if fmt == "prompt_completion":
         return _check_prompt_completion(record, names)
     if fmt == "tokenized":
-        return _check_tokenized(record, names)
+        return _check_tokenized(record, names, vocab_size)
     return _check_chat(record, fmt, names)
 
 
@@ -92,8 +93,6 @@ def _check_chat(record: Mapping[str, Any], fmt: str, names: Mapping[str, str]) -
     messages, problem = _turns(record.get(field), field, what, names.get(role_key, role_key), names.get(content_key, content_key), known)  # fmt: skip
     if problem is not None:
         return None, problem
-    if not any(m["role"] == TRAINED_ROLE and m["content"] for m in messages):
-        return None, f"field {field!r}: no assistant turn with content {NOTHING_TO_LEARN}"
     return {"messages": messages}, None
 
 
@@ -133,8 +132,6 @@ def _check_prompt_completion(record: Mapping[str, Any], names: Mapping[str, str]
             if problem is not None:
                 return None, problem
             out[key] = messages
-        if not any(m["content"] for m in out["completion"]):
-            return None, f"field {completion_field!r}: no message with content {NOTHING_TO_LEARN}"
         return out, None
     text, problem = _string(record, prompt_field)
     if problem is not None:
@@ -142,12 +139,10 @@ def _check_prompt_completion(record: Mapping[str, Any], names: Mapping[str, str]
     answer, problem = _string(record, completion_field)
     if problem is not None:
         return None, problem
-    if not answer:
-        return None, f"field {completion_field!r}: empty {NOTHING_TO_LEARN}"
     return {"prompt": text, "completion": answer}, None
 
 
-def _ids(value: Any, field: str, allowed: str = "ids") -> tuple[list[int], str | None]:
+def _ids(value: Any, field: str, allowed: str = "ids", vocab_size: int | None = None) -> tuple[list[int], str | None]:
     if not isinstance(value, list):
         got = "it is missing or null" if value is None else f"got {_type(value)}"
         return [], f"field {field!r}: expected a list of integers, {got}"
@@ -159,34 +154,38 @@ def _ids(value: Any, field: str, allowed: str = "ids") -> tuple[list[int], str |
             ok = item >= 0 or item == IGNORE_INDEX
         elif ok and allowed == "mask":
             ok = item in (0, 1)
+        if ok and vocab_size is not None and allowed in ("ids", "labels"):
+            ok = item < vocab_size
         if not ok:
-            expected = {"ids": "a token id >= 0", "labels": "a token id >= 0 or -100", "mask": "0 or 1"}[allowed]
+            below = f" and below the model's vocab_size {vocab_size}" if vocab_size is not None else ""
+            expected = {"ids": f"a token id >= 0{below}", "labels": f"a token id >= 0{below} or -100"}.get(
+                allowed, "0 or 1"
+            )
             return [], f"{field}[{i}]: got {item!r}, expected {expected}"
     return list(value), None
 
 
-def _check_tokenized(record: Mapping[str, Any], names: Mapping[str, str]) -> tuple[Record | None, str | None]:
-    """An already tokenized record: ``input_ids``, and ``labels`` / ``attention_mask`` of the same length if given."""
+def _check_tokenized(
+    record: Mapping[str, Any], names: Mapping[str, str], vocab_size: int | None = None
+) -> tuple[Record | None, str | None]:
+    """An already tokenized record (TRL's tokenized form): ``input_ids``, and ``labels``, ``completion_mask`` and
+    ``attention_mask`` of the same length where given (``labels`` ``None`` when not: ``data.tokens`` makes them)."""
     ids_field = names.get("input_ids", "input_ids")
-    ids, problem = _ids(record.get(ids_field), ids_field)
+    ids, problem = _ids(record.get(ids_field), ids_field, "ids", vocab_size)
     if problem is not None:
         return None, problem
-    if not ids:
-        return None, f"field {ids_field!r}: empty {NOTHING_TO_LEARN}"
-    out: Record = {"input_ids": ids, "labels": ids}
-    for key, allowed in (("labels", "labels"), ("attention_mask", "mask")):
+    out: Record = {"input_ids": ids, "labels": None}
+    for key, allowed in (("labels", "labels"), ("completion_mask", "mask"), ("attention_mask", "mask")):
         field = names.get(key, key)
         if record.get(field) is None:
             continue
-        values, problem = _ids(record[field], field, allowed)
+        values, problem = _ids(record[field], field, allowed, vocab_size)
         if problem is not None:
             return None, problem
         if len(values) != len(ids):
             return None, f"field {field!r}: {len(values)} values for {len(ids)} input_ids"
-        if key == "labels":
-            out["labels"] = values
-    if all(label == IGNORE_INDEX for label in out["labels"][1:]):
-        return None, f"field {names.get('labels', 'labels')!r}: no label to train on {NOTHING_TO_LEARN}"
+        if key != "attention_mask":  # TRL's collator makes its own
+            out[key] = values
     return out, None
 
 

@@ -1,5 +1,6 @@
-"""Checked records as token ids for a causal LM, with labels that keep the loss on what is to be learnt, as TRL's
-``SFTTrainer`` (1.16) prepares them:
+"""Checked records as token ids for a causal LM, with labels that keep the loss on what is to be learnt, exactly as
+TRL's ``SFTTrainer`` (1.16) prepares them (``tests/property/test_trl_data_differential.py`` holds it on generated
+records and options):
 
 - ``"text"``: the text and the end-of-sequence token (``data.eos_token``, else the tokenizer's; not added again
   when the text ends with it), tokenized as the tokenizer tokenizes a text (its own special tokens included, a BOS
@@ -7,19 +8,24 @@
 - ``"alpaca"`` and standard ``"prompt_completion"``: prompt + completion + EOS tokenized as one text; the tokens
   it shares with the prompt tokenized alone are the prompt, not trained on (``completion_only_loss``);
 - chats (``"messages"``, ``"sharegpt"``, conversational ``"prompt_completion"``): the conversation rendered by
-  the chat template (``data.chat_template``, else the tokenizer's, else ``FALLBACK_CHAT_TEMPLATE``); what each
-  assistant turn adds is the assistant's (``assistant_only_loss``), and what the completion adds to the prompt
-  rendered with the generation prompt is the completion (``completion_only_loss``);
-- ``"tokenized"``: the record's ``input_ids`` and ``labels`` (the ids when it has none), as given.
+  the chat template (``data.chat_template``, else the tokenizer's, else ``FALLBACK_CHAT_TEMPLATE``) and tokenized
+  in one ``apply_chat_template``; with ``assistant_only_loss`` the tokens its ``{% generation %}`` blocks mark are
+  the assistant's, and with ``completion_only_loss`` what follows the prompt rendered with the generation prompt is
+  the completion. For a template without the markers (TRL refuses it), what each assistant turn adds to the
+  conversation rendered turn by turn is the assistant's (``chat_segments``);
+- ``"tokenized"``: the record's ``input_ids`` and ``labels`` as given; without labels, the ids, masked by the
+  record's ``completion_mask`` with ``completion_only_loss``.
 
 Tokens not trained on get the label ``-100``, which HF models leave out of the loss. A sample longer than
-``max_length`` is cut at the end (unless packing splits or wraps it instead). A causal LM predicts token ``t``
-from those before it, so the label at position 0 teaches nothing: a sample with no trained label after it is
-left out by the caller (``trained`` is 0), since a batch of such samples would make the loss NaN (0 / 0).
+``max_length`` is cut at the end (unless packing splits or wraps it instead). As TRL, a sample every label of which
+is ``-100`` is left out (unless packed) by the caller (``labelled`` is 0). A causal LM predicts token ``t`` from
+those before it, so the label at position 0 teaches nothing: data none of whose samples has a trained label after
+it (``trained`` is 0 for all) would only give NaN losses (0 / 0), and is refused.
 """
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Mapping, Sequence
 from os.path import commonpath
@@ -44,12 +50,16 @@ __all__ = [
     "split_at",
     "stop_untrained",
     "tokenize",
+    "with_eos_token",
 ]
 
-COLUMNS: Final = ("input_ids", "labels", "length", "prompt_length", "trained", "problem")
+COLUMNS: Final = ("input_ids", "labels", "length", "prompt_length", "trained", "labelled", "problem")
 """What ``encode`` returns per sample: the ids and labels (cut at ``max_length``), the length before the cut,
-the tokens before the first trained one, the trained labels after position 0, and what made the record unusable
-(``""`` when nothing did)."""
+the tokens before the first trained one, the trained labels after position 0, the labels that are not ``-100``
+(position 0 included: TRL keeps a sample with any), and what made the record unusable (``""`` when nothing did)."""
+
+_GENERATION: Final = re.compile(r"\{%-?\s*generation\s*-?%\}")
+"""A ``{% generation %}`` block in a chat template: HF marks the tokens inside it as the assistant's."""
 
 
 @attrs.frozen
@@ -62,8 +72,8 @@ class Encoding:
     """The ``"alpaca"`` prompt templates: (without input, with input)."""
     chat_template: str | None = None
     """The chat template of conversations; ``None``: the tokenizer's, else ``FALLBACK_CHAT_TEMPLATE``."""
-    assistant_only_loss: bool = True
-    """Conversations: the loss on what the assistant's turns add only."""
+    assistant_only_loss: bool = False
+    """Conversations: the loss on the assistant's tokens only."""
     completion_only_loss: bool = True
     """Prompt / completion and instruction records: the loss on the completion only."""
     eos_token: str | None = None
@@ -95,6 +105,18 @@ def chat_template_of(tokenizer: Any, options: Encoding) -> str | None:
     if options.chat_template is not None:
         return options.chat_template
     return None if getattr(tokenizer, "chat_template", None) else FALLBACK_CHAT_TEMPLATE
+
+
+def with_eos_token(tokenizer: Any, token: str | None) -> Any:
+    """``tokenizer``, or with ``data.eos_token`` a copy of it whose end-of-sequence token is ``token``: what TRL does
+    to its tokenizer, so that one that adds its EOS itself (T5's) adds that one."""
+    if token is None or getattr(tokenizer, "eos_token", None) == token:
+        return tokenizer
+    import copy
+
+    changed = copy.deepcopy(tokenizer)
+    changed.eos_token = token
+    return changed
 
 
 def keep_trained_template(tokenizer: Any, fmt: str, chat_template: str | None) -> None:
@@ -178,7 +200,13 @@ def _plan(record: Record, tokenizer: Any, options: Encoding, template: str | Non
         return text + eos if eos and not text.endswith(eos) else text
 
     if fmt == "tokenized":
-        return "ids", record["input_ids"], record["labels"]
+        ids = record["input_ids"]
+        if record.get("labels") is not None:  # given: as they are (TRL leaves a labels column alone)
+            return "ids", ids, record["labels"]
+        mask = record.get("completion_mask")
+        if mask is not None and options.completion_only_loss:
+            return "ids", ids, [i if bit else IGNORE_INDEX for i, bit in zip(ids, mask, strict=True)]
+        return "ids", ids, ids
     if fmt == "text":
         return "text", None, ended(record["text"])
     if fmt == "alpaca":
@@ -186,6 +214,8 @@ def _plan(record: Record, tokenizer: Any, options: Encoding, template: str | Non
         return "text", prompt, prompt + ended(record["output"])
     if fmt == "prompt_completion" and isinstance(record["prompt"], str):
         return "text", record["prompt"], record["prompt"] + ended(record["completion"])
+    if as_trl(tokenizer, template, options):
+        return _trl_chat(record, tokenizer, template, options)
     if fmt == "prompt_completion":
         segments = chat_segments([*record["prompt"], *record["completion"]], tokenizer, template)
         from jinja2 import TemplateError
@@ -205,6 +235,59 @@ def _plan(record: Record, tokenizer: Any, options: Encoding, template: str | Non
     if not options.assistant_only_loss:
         segments = [(text, True) for text, _ in segments]
     return "chat", segments, None
+
+
+def as_trl(tokenizer: Any, template: str | None, options: Encoding) -> bool:
+    """Whether a conversation is tokenized as TRL tokenizes it, in one ``apply_chat_template`` call whose
+    ``{% generation %}`` blocks give the assistant's tokens: always where the loss is on every token, and where it
+    is on the assistant's with a template that marks them (and a fast tokenizer, whose offsets HF maps them with).
+    Otherwise (``assistant_only_loss`` with a template without markers, which TRL refuses) dsbuild finds what each
+    assistant turn adds by rendering the conversation turn by turn (``chat_segments``)."""
+    if not options.assistant_only_loss:
+        return True
+    text = template if template is not None else getattr(tokenizer, "chat_template", None)
+    return isinstance(text, str) and bool(_GENERATION.search(text)) and hasattr(tokenizer, "backend_tokenizer")
+
+
+def _trl_chat(record: Record, tokenizer: Any, template: str | None, options: Encoding) -> Plan:
+    """A conversation (or conversational prompt / completion) as TRL 1.16's ``SFTTrainer`` tokenizes it: the whole
+    conversation in one ``apply_chat_template``; the loss on the assistant's marked tokens (``assistant_only_loss``)
+    and, for prompt / completion, on what follows the tokens it shares with the prompt rendered with the generation
+    prompt (``completion_only_loss``)."""
+    from jinja2 import TemplateError
+
+    def tokens(messages: list[Mapping[str, str]], **kwargs: Any) -> Mapping[str, Any]:
+        out: Mapping[str, Any] = tokenizer.apply_chat_template(
+            messages, tokenize=True, return_dict=True, chat_template=template, **kwargs
+        )
+        return out
+
+    masks: list[Sequence[int]] = []
+    try:
+        if options.fmt == "prompt_completion":
+            prompt_ids = list(tokens(list(record["prompt"]), add_generation_prompt=True)["input_ids"])
+            done = tokens(
+                [*record["prompt"], *record["completion"]], return_assistant_tokens_mask=options.assistant_only_loss
+            )
+            ids = list(done["input_ids"])
+            shared = _common_prefix(prompt_ids, ids)
+            if options.completion_only_loss:
+                masks.append([0] * shared + [1] * (len(ids) - shared))
+        else:
+            done = tokens(list(record["messages"]), return_assistant_tokens_mask=options.assistant_only_loss)
+            ids = list(done["input_ids"])
+    except (TemplateError, ValueError, TypeError) as e:
+        raise Unusable(f"the chat template refuses it: {e}") from None
+    if options.assistant_only_loss:
+        marked = list(done.get("assistant_masks") or [])
+        if 1 not in marked:
+            raise Unusable(
+                "the chat template marks no assistant token in it ({% generation %} blocks), so nothing would be "
+                "trained on"
+            )
+        masks.append(marked)
+    labels = [i if all(bits) else IGNORE_INDEX for i, *bits in zip(ids, *masks, strict=False)]
+    return "ids", ids, labels
 
 
 def _token_ids(tokenizer: Any, texts: list[str], special: bool) -> list[list[int]]:
@@ -289,6 +372,7 @@ def encode(records: Sequence[Record | None], tokenizer: Any, options: Encoding) 
         out["prompt_length"].append(first)
         # Trained labels after position 0 (a label there teaches nothing: no token comes before it).
         out["trained"].append(len(labels) - (labels[0] != IGNORE_INDEX if labels else 0) - labels.count(IGNORE_INDEX))
+        out["labelled"].append(len(labels) - labels.count(IGNORE_INDEX))
         out["problem"].append(problem)
     return out
 
@@ -326,8 +410,8 @@ def tokenize(
     template: str | tuple[str, str] = "alpaca",
     chat_template: str | None = None,
     train_on_prompt: bool = False,
-    assistant_only_loss: bool = True,
-    completion_only_loss: bool = True,
+    assistant_only_loss: bool = False,
+    completion_only_loss: bool | None = None,
     eos_token: str | None = None,
 ) -> Tokenized:
     """Checked records (``read_records``) as samples for a causal LM; see the module docstring for the loss.
@@ -337,13 +421,14 @@ def tokenize(
     ``dropped``. A conversation the chat template refuses is an error naming the record.
     """
     prompts = TEMPLATES[template] if isinstance(template, str) else template
+    completion = completion_only_loss if completion_only_loss is not None else fmt in ("prompt_completion", "alpaca")
     options = Encoding(
         fmt,
         max_length,
         prompts,
         chat_template,
         assistant_only_loss and not train_on_prompt,
-        completion_only_loss and not train_on_prompt,
+        completion and not train_on_prompt,
         eos_token,
     )
     columns = encode([dict(r) for r in records], tokenizer, options)
@@ -351,8 +436,8 @@ def tokenize(
     if problems:
         raise ConfigError(problems)
     samples = []
-    for ids, labels, trained in zip(columns["input_ids"], columns["labels"], columns["trained"], strict=True):
-        if trained:
+    for ids, labels, labelled in zip(columns["input_ids"], columns["labels"], columns["labelled"], strict=True):
+        if labelled:  # TRL's rule: a sample whose every label is -100 is left out
             samples.append({"input_ids": ids, "labels": labels})
     truncated = sum(1 for length in columns["length"] if length > max_length)
     return Tokenized(samples, truncated, len(records) - len(samples))

@@ -47,6 +47,7 @@ _BUILDERS = {
     "fused_adam": "FusedAdamBuilder",
     "fused_lamb": "FusedLambBuilder",
     "fused_lion": "FusedLionBuilder",
+    "shm_comm": "ShareMemCommBuilder",
 }
 
 _NOT_COMPATIBLE_FIX = {
@@ -115,6 +116,8 @@ def report(config: ConfigFields | None = None) -> DoctorReport:
 
     if accelerator is not None:
         wanted = needed_ops(config) if config is not None else {"cpu_adam": "", "async_io": ""}
+        if _safe(accelerator.device_name, "") == "cpu":  # DeepSpeed's CPU accelerator: its collectives use it
+            wanted["shm_comm"] = "every run on the cpu accelerator (DeepSpeed's communication backend loads it)"
         for op, why in wanted.items():
             checks.append(_op_check(accelerator, op, why, required=config is not None))
         if config is not None:
@@ -326,7 +329,11 @@ def _op_check(accelerator: Any, op: str, why: str, *, required: bool) -> Check:
             f"not prebuilt, and {missing} missing to compile it{needed}",
             "apt-get install g++ and pip install ninja, or reinstall DeepSpeed with DS_BUILD_OPS=1",
         )
-    when = "a cached build is reused" if _cached_build(builder.name) else "compiles on first use (about a minute)"
+    when = (
+        "a cached build is reused"
+        if _cached_build(builder.name)
+        else "compiles on first use (one to a few minutes, once per machine)"
+    )
     return Check(name, "ok", f"not prebuilt, {when}{needed}")
 
 

@@ -59,12 +59,16 @@ class Job:
         base_dir: str | Path | None = None,
         source: str | None = None,
         name: str = "job",
+        output_base: str | Path | None = None,
     ) -> Job:
-        """A ``Job`` from a job table; relative paths are relative to ``base_dir`` (default: the current directory).
+        """A ``Job`` from a job table; relative paths are relative to ``base_dir`` (default: the current directory),
+        ``training.output_dir`` too unless ``output_base`` is given (it is then under that folder); ``output_dir`` is
+        made absolute.
 
         Raises one ``ConfigError`` listing every problem (``source`` names the file).
         """
-        reader = JobReader(Path(base_dir) if base_dir is not None else Path.cwd(), source, name)
+        base = Path(base_dir) if base_dir is not None else Path.cwd()
+        reader = JobReader(base, source, name, Path(output_base) if output_base is not None else None)
         return cls(**reader.job(data))
 
     @property
@@ -164,18 +168,24 @@ def _config_path(path: str, overrides: Mapping[str, Any] | None = None) -> str:
     return f"strategy.overrides.{path}" if dotted.sets(overrides or {}, path) else f"strategy.config.{path}"
 
 
-def load_job(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Job:
-    """Read and check a job file; ``overrides`` maps dotted keys to values (``{"training.max_steps": 10}``).
+def load_job(path: str | Path | None, overrides: Mapping[str, Any] | None = None) -> Job:
+    """Read and check a job file; ``overrides`` maps dotted keys to values (``{"training.max_steps": 10}``), each
+    read as if the file said it.
 
-    Every problem is reported at once in one ``ConfigError`` naming the file.
+    Every relative path in the job (``[model]``, ``[data]``, ``strategy.config`` and ``training.output_dir``) is
+    relative to the job file's folder, wherever the command runs. ``None`` is the packaged demo job, whose outputs go
+    under the current directory (``out/demo``). Every problem is reported at once in one ``ConfigError`` naming the
+    file.
     """
-    path = Path(path)
+    demo = path is None
+    path = demo_job_path() if path is None else Path(path)
     data = read_job_dict(path)
     for key, value in (overrides or {}).items():
         dotted.put(data, key, value)
-    return Job.from_dict(data, base_dir=path.parent, source=str(path), name=path.stem)
+    outputs = Path.cwd() if demo else None
+    return Job.from_dict(data, base_dir=path.parent, source=str(path), name=path.stem, output_base=outputs)
 
 
 def demo_job_path() -> Path:
-    """The packaged demo job (``dsbuild train`` without a job file)."""
+    """The packaged demo job (``dsbuild train`` without a job file; ``load_job(None)``)."""
     return Path(__file__).resolve().parent.parent / "demo" / "demo.toml"

@@ -50,7 +50,7 @@ FIELDS: Final = {
     "messages": ("messages", "role", "content"),
     "sharegpt": ("conversations", "from", "value"),
     "prompt_completion": ("prompt", "completion"),
-    "tokenized": ("input_ids", "labels", "attention_mask"),
+    "tokenized": ("input_ids", "labels", "completion_mask", "attention_mask"),
 }
 """The fields each format reads, by their usual names; ``[data.columns]`` gives a file's own names for them."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from functools import cache
 from pathlib import Path
@@ -109,8 +110,10 @@ _BAD: Final[dict[str, Any]] = {}
 class JobReader:
     """Reads a job table into the fields of a ``Job``, collecting every problem (each under its ``section.key`` path)."""
 
-    def __init__(self, base_dir: Path, source: str | None, name: str) -> None:
+    def __init__(self, base_dir: Path, source: str | None, name: str, output_base: Path | None = None) -> None:
         self.base_dir = base_dir
+        self.output_base = output_base if output_base is not None else base_dir
+        """What a relative ``training.output_dir`` (and the default ``out/<name>``) is under: the job file's folder."""
         self.source = source
         self.name = name
         self.problems: list[Problem] = []
@@ -222,6 +225,9 @@ class JobReader:
         if strategy is not None and training is not None:
             try:
                 training_done, config = complete(strategy.config, training, explicit=set(raw_training), name=self.name)
+                assert training_done.output_dir is not None  # complete() sets it
+                where = self.output_base / Path(training_done.output_dir).expanduser()
+                training_done = attrs.evolve(training_done, output_dir=str(Path(os.path.abspath(where))))
             except ConfigError as e:
                 self.problems.extend(e.problems)
         if self.problems or None in (model, data_spec, training_done, strategy, launch, config):
@@ -325,9 +331,10 @@ class JobReader:
                 "model.lora.target_modules",
                 f'got {describe(t.get("target_modules"))}, expected a list of module names or "all-linear"',
             )
+        merge = self.field(t, LoraSpec, "merge", "model.lora")
         if len(self.problems) > before:
             return None
-        return LoraSpec(r=r, alpha=alpha, dropout=dropout, target_modules=target)
+        return LoraSpec(r=r, alpha=alpha, dropout=dropout, target_modules=target, merge=merge)
 
     def data(self, t: dict[str, Any]) -> DataSpec | None:
         self.unknown(t, table_keys(DataSpec), "data")

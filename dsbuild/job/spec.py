@@ -125,6 +125,9 @@ class LoraSpec:
         },
     )
     """Module names to adapt (``["q_proj", "v_proj"]``), ``"all-linear"``, or none for peft's default for the model."""
+    merge: bool = _key(False, _typed("bool"))
+    """Export the model with the adapters merged into its weights (HF format) instead of the adapters alone; default
+    false (the adapters, with their base beside them when the base was built from ``[model.config]``)."""
 
     def to_peft(self) -> dict[str, Any]:
         """The fields of peft's ``LoraConfig``."""
@@ -179,8 +182,8 @@ class DataSpec:
     ``"sharegpt"`` (``conversations`` of from / value turns), ``"prompt_completion"`` (TRL's: ``prompt`` and
     ``completion`` strings, or lists of messages) or ``"tokenized"`` (``input_ids``, optionally ``labels`` and
     ``attention_mask``, taken as given)."""
-    max_length: int = _key(512, _typed("int", ge=2))
-    """Tokens per sample at most; longer samples are cut at the end."""
+    max_length: int = _key(1024, _typed("int", ge=2))
+    """Tokens per sample at most (TRL's default, 1024); longer samples are cut at the end."""
     eval_path: Path | str | None = _key(None, _typed("str"))
     """Evaluation records in the same format (a file, folder or hub id), or none."""
     eval_split: float | str | None = _key(
@@ -224,10 +227,14 @@ class DataSpec:
     train_on_prompt: bool = _key(False, _typed("bool"))
     """Take the loss on every token, prompts and user turns included (LLaMA-Factory's name): both
     ``assistant_only_loss`` and ``completion_only_loss`` off."""
-    assistant_only_loss: bool = _key(True, _typed("bool"))
-    """TRL's: in conversations, the loss on the assistant's turns only (TRL's default is off; see docs/jobs.md)."""
-    completion_only_loss: bool = _key(True, _typed("bool"))
-    """TRL's: in prompt / completion records (and ``"alpaca"``), the loss on the completion only."""
+    assistant_only_loss: bool = _key(False, _typed("bool"))
+    """TRL's: in conversations, the loss on the assistant's turns only; default off, as TRL. A chat template with
+    ``{% generation %}`` markers says which tokens are the assistant's, as in TRL; dsbuild also finds them with a
+    template without (TRL refuses that; see docs/jobs.md)."""
+    completion_only_loss: bool | None = _key(None, _typed("bool"))
+    """TRL's: the loss on the completion only: of prompt / completion records (and ``"alpaca"``), and of
+    ``"tokenized"`` records by their ``completion_mask``; unset, as TRL: on for prompt / completion and
+    ``"alpaca"`` records, off for ``"tokenized"`` ones."""
     packing_strategy: str = _key("bfd", _typed("choice", choices=PACKING_STRATEGIES))
     """TRL's: ``"bfd"``, ``"bfd_split"`` or ``"wrapped"`` (``PACKING_STRATEGIES``)."""
     padding_free: bool = _key(False, _typed("bool"))
@@ -237,6 +244,17 @@ class DataSpec:
     tokenizer's end-of-sequence token."""
     num_proc: int | None = _key(None, _typed("int", ge=1))
     """Processes tokenizing the data (``datasets``' ``map``); default one."""
+    dataset_text_field: str | None = attrs.field(default=None, kw_only=True)
+    """TRL's name: the field holding the text of ``"text"`` records, the same as ``columns = {"text": ...}``
+    (a job file's ``text_field`` or ``dataset_text_field`` fills ``columns``); default ``"text"``."""
+
+    def __attrs_post_init__(self) -> None:
+        named = self.columns.get("text")
+        if self.dataset_text_field is not None and named is not None and named != self.dataset_text_field:
+            raise ValueError(
+                f"dataset_text_field {self.dataset_text_field!r} and columns['text'] {named!r} name the text field "
+                "twice, differently: keep one"
+            )
 
     @property
     def text_field(self) -> str:
@@ -245,6 +263,8 @@ class DataSpec:
 
     def field(self, name: str) -> str:
         """The file's name for the format's field ``name``."""
+        if name == "text" and "text" not in self.columns and self.dataset_text_field is not None:
+            return self.dataset_text_field
         return self.columns.get(name, name)
 
     @property
@@ -254,8 +274,13 @@ class DataSpec:
 
     @property
     def loss_on_completion_only(self) -> bool:
-        """Whether prompt / completion and instruction records take the loss on the completion only."""
-        return self.completion_only_loss and not self.train_on_prompt
+        """Whether prompt / completion and instruction records (and tokenized ones, by their ``completion_mask``)
+        take the loss on the completion only."""
+        if self.train_on_prompt:
+            return False
+        if self.completion_only_loss is None:  # TRL's unset: on where the records are prompt / completion
+            return self.format in ("prompt_completion", "alpaca")
+        return self.completion_only_loss
 
     def prompts(self) -> tuple[str, str]:
         """The ``"alpaca"`` prompt templates: (without input, with input)."""

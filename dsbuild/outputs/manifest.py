@@ -20,8 +20,10 @@ verifies, after refusing a run whose facts changed. Loading the tensors is ``dsb
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -48,6 +50,7 @@ __all__ = [
     "CheckpointInfo",
     "RunFacts",
     "candidates",
+    "canonical",
     "check_files",
     "entry_digest",
     "expected_files",
@@ -169,9 +172,34 @@ def _short(value: Any) -> str:
 
 
 def fingerprint(*parts: Any) -> str:
-    """A short, stable digest of JSON-able ``parts`` (``sha256:...``)."""
-    text = json.dumps(parts, sort_keys=True, default=str)
+    """A short digest of ``parts`` (``sha256:...``), the same in every process: of their ``canonical`` form, so a set's
+    order (which follows the interpreter's hash seed), a mapping's order and ``16`` against ``16.0`` never change it."""
+    text = json.dumps(canonical(list(parts)), sort_keys=True)
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def canonical(value: Any) -> Any:
+    """``value`` as plain JSON data that two equal run settings share: mappings with string keys (sorted when
+    written), sets and frozensets as sorted lists, tuples as lists, an integral float as an int (``16.0`` is ``16``),
+    a non-finite float as its name, an enum as its value, a path as its text; anything else as its ``str``."""
+    if isinstance(value, enum.Enum):
+        return canonical(value.value)
+    if value is None or isinstance(value, (bool, str, int)):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return repr(value)
+        return int(value) if value.is_integer() else value
+    if isinstance(value, Mapping):
+        return {str(canonical(k)): canonical(v) for k, v in value.items()}
+    if isinstance(value, (set, frozenset)):
+        items = [canonical(v) for v in value]
+        return sorted(items, key=lambda v: json.dumps(v, sort_keys=True))
+    if isinstance(value, (list, tuple)):
+        return [canonical(v) for v in value]
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    return str(value)
 
 
 # -- hashing ------------------------------------------------------------------------------------

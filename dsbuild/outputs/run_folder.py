@@ -97,6 +97,12 @@ class RunFolder:
         return self.root / RAY_RESTORE / f"rank{rank}"
 
     @property
+    def stop_request(self) -> Path:
+        """Written by a launcher whose ranks it cannot signal (Ray's driver) to ask them to save at their next step and
+        stop; it holds what asked (``SIGINT to dsbuild train``)."""
+        return self.root / ".dsbuild.stop"
+
+    @property
     def lock(self) -> Path:
         """The lock that keeps a second run out while one is alive."""
         return self.root / LOCK

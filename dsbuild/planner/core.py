@@ -341,7 +341,9 @@ def plan(
             "checkpoint shard by shard, so those rows are not held to it"
         )
 
-    notes[:0] = _notes(acts, rule, kept, gpu_memory, gpu_budget, gradient_checkpointing, flash_attention)
+    notes[:0] = _notes(
+        acts, rule, kept, gpu_memory, gpu_budget, gradient_checkpointing, flash_attention, sequence_parallel
+    )
     notes += [
         "model states of mixed-precision training with Adam: 2 bytes/param 16-bit weights, 2 bytes 16-bit "
         "gradients, 16 bytes fp32 gradients + master weights + Adam moments; stage 3 with zero.Init",
@@ -389,6 +391,7 @@ def _notes(
     gpu_budget: int | None,
     checkpointing: bool,
     flash_attention: bool,
+    sequence_parallel: int = 1,
 ) -> list[str]:
     """What the GPU figures count, and what they assume."""
     notes: list[str] = []
@@ -411,7 +414,13 @@ def _notes(
         )
         notes.append(
             "activations: Korthikanti et al. 2022, 16-bit, s·b·h·(34 + 5·a·s/h) bytes per layer, "
-            f"{recompute}; {scores}; plus the fp32 logits 4·s·b·V; no tensor or sequence parallelism"
+            f"{recompute}; {scores}; plus the fp32 logits 4·s·b·V; "
+            + (
+                f"each GPU holds 1/{sequence_parallel} of every sequence (Ulysses sequence parallelism)"
+                if sequence_parallel > 1
+                else "no sequence parallelism"
+            )
+            + "; no tensor parallelism"
         )
     fragmentation = f"{rule.percent:g}% of the GPU" if rule.percent else ""
     notes.append(

@@ -10,6 +10,7 @@ own verdict on the resolved config.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from .._util import dotted
 from ..env.extras import missing
@@ -19,27 +20,18 @@ from ..validate import Diagnostic
 from ..validate.deepspeed_verdict import deepspeed_verdict
 from .model import model_problems
 
-__all__ = ["data_problems", "parallel_problems", "validate_job"]
+__all__ = ["launch_checks", "parallel_problems", "refused", "validate_job"]
 
 
 def validate_job(job: Job, *, world_size: int | None = None, deepspeed: bool = False) -> list[Diagnostic]:
-    """Every problem ``dsbuild validate JOB`` reports, errors and warnings, paths dotted from the job's tables.
+    """Every problem ``dsbuild validate JOB`` reports, errors and warnings, paths dotted from the job's tables: what
+    ``dsbuild train`` checks before launch (``launch_checks``), and on request DeepSpeed's verdict.
 
     ``world_size``: the run's processes (default: the job's ``[launch]``). ``deepspeed``: also DeepSpeed's own
     parser's verdict on the resolved config (imports DeepSpeed). A package the check needs that is not installed is a
-    warning naming the ``pip install``, not an error.
+    warning naming the ``pip install``, not an error. A hub model must be in the local cache (the hub is not asked).
     """
-    found = job.validate(world_size=world_size)
-    if missing("transformers"):
-        found.append(
-            Diagnostic("model", "warning", "not checked: transformers is not installed", "pip install 'dsbuild[train]'")
-        )
-    else:  # before launch the hub is not reached: a hub id must be in the local cache
-        problems = model_problems(job.model, hub=False)
-        found += [Diagnostic(p.path, "error", p.message, p.hint) for p in problems]
-        if not problems:
-            found += parallel_problems(job, world_size or job.launch.world_size)
-        found += data_problems(job, tokenize=not problems)
+    found, _ = launch_checks(job, world_size=world_size, hub=False)
     if deepspeed:
         world = world_size or job.launch.world_size
         try:
@@ -52,6 +44,43 @@ def validate_job(job: Job, *, world_size: int | None = None, deepspeed: bool = F
         else:
             found += deepspeed_verdict(config.to_dict(), world)
     return found
+
+
+def launch_checks(job: Job, *, world_size: int | None = None, hub: bool = True) -> tuple[list[Diagnostic], Any]:
+    """Everything checked before any process of a run starts, and the tokenized data when it was made on the way
+    (``run.worker.Datasets``, or ``None``): the config resolved for the run, what dsbuild refuses to run, the model
+    config against its transformers class and where its weights are (``hub``: a hub id may be fetched at launch;
+    else it must be in the local cache), sequence parallelism against the model, and every data record.
+    ``dsbuild validate`` and ``dsbuild train`` both run exactly this."""
+    world = world_size or job.launch.world_size
+    found = job.validate(world_size=world)
+    found += refused(job)
+    if missing("transformers"):
+        found.append(
+            Diagnostic("model", "warning", "not checked: transformers is not installed", "pip install 'dsbuild[train]'")
+        )
+        return found, None
+    problems = model_problems(job.model, hub=hub)
+    found += [Diagnostic(p.path, "error", p.message, p.hint) for p in problems]
+    if not problems:
+        found += parallel_problems(job, world)
+    more, data = _data_checks(job, tokenize=not problems)
+    return found + more, data
+
+
+def refused(job: Job) -> list[Diagnostic]:
+    """What the run would not do as its config says: a feature dsbuild refuses (``feature_table.REFUSED``),
+    DeepCompile on an accelerator without its op (DeepSpeed's CPU accelerator)."""
+    from ..validate.feature_table import refusals
+
+    ds_config = job.config.to_dict()
+    found = [Diagnostic(p.path, "error", p.message, p.hint) for p in refusals(ds_config)]
+    if job.config.compile is None or job.config.compile.deepcompile is not True or missing("torch"):
+        return found
+    from ..session.setup import deepcompile_refusal  # torch: only a job that asks for DeepCompile pays for it
+
+    reason = deepcompile_refusal(ds_config)
+    return [*found, Diagnostic("compile.deepcompile", "error", reason)] if reason else found
 
 
 def parallel_problems(job: Job, world_size: int) -> list[Diagnostic]:
@@ -93,28 +122,30 @@ def parallel_problems(job: Job, world_size: int) -> list[Diagnostic]:
     return found
 
 
-def data_problems(job: Job, *, tokenize: bool) -> list[Diagnostic]:
-    """A job's local data checked as ``dsbuild train`` checks it before launch (a hub dataset is not fetched):
-    each bad record an error naming its file and line; with ``tokenize`` (the model is sound) also tokenized,
-    where the tokenizer is at hand, so data with nothing to train on is found here too."""
+def _data_checks(job: Job, *, tokenize: bool) -> tuple[list[Diagnostic], Any]:
+    """A job's local data checked as before launch (a hub dataset is not fetched): each bad record an error naming
+    its file and line; with ``tokenize`` (the model is sound) also tokenized, where the tokenizer is at hand, so data
+    with nothing to train on is found here too. The problems, and the tokenized data when made."""
     if missing("datasets"):
-        return [Diagnostic("data", "warning", "not checked: datasets is not installed", "pip install 'dsbuild[train]'")]
+        return [
+            Diagnostic("data", "warning", "not checked: datasets is not installed", "pip install 'dsbuild[train]'")
+        ], None
     if not isinstance(job.data.path, Path):
-        return []
+        return [], None
     from ..data import check
     from .worker import preflight
 
     try:
         if not tokenize:
-            check(job.data)
-            return []
+            check(job.data)  # the model config failed its checks: its vocabulary size is not known
+            return [], None
         made = preflight(job)
     except ConfigError as e:
         where = f"{e.source}: " if e.source else ""
-        return [Diagnostic(p.path or "data.path", "error", where + p.message, p.hint) for p in e.problems]
+        return [Diagnostic(p.path or "data.path", "error", where + p.message, p.hint) for p in e.problems], None
     if made is None:
-        return []
+        return [], None
     found = [Diagnostic("data.max_length", "warning", cut) for cut in made.cut]
     if made.stop:
         found.append(Diagnostic("data.assistant_only_loss", "warning", made.stop))
-    return found
+    return found, made

@@ -5,15 +5,19 @@ This module prints nothing: it returns exit codes and the lines worth showing, a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import attrs
 
@@ -215,43 +219,220 @@ def torchrun_env(nodes: Nodes, env: Mapping[str, str]) -> dict[str, str]:
     return {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": prefix, **env}
 
 
+HARD_STOP_SECONDS: Final = 10
+"""How long a second Ctrl-C lets the ranks and torchrun go before they are killed."""
+
+
 def torchrun(
     job: Job, job_path: Path, nodes: Nodes, run_args: Sequence[str], env: dict[str, str]
 ) -> tuple[int, list[str]]:
-    """Start this node's ranks with torchrun and wait; the exit code and, on failure, what the failing rank said."""
-    log_dir = RunFolder(job.output_dir).torchrun_logs(nodes.log_name)
+    """Start this node's ranks with torchrun and wait: the exit code and the lines worth telling.
+
+    torchrun runs in a session of its own, so a Ctrl-C in the terminal reaches this process only, which decides:
+    the first SIGINT, and any SIGTERM or SIGUSR1, go on to torchrun as SIGTERM (SIGUSR1 as itself), which forwards
+    it to the ranks: they save a checkpoint at the next step and stop (exit 75). A second SIGINT stops the ranks and
+    torchrun at once (exit 130, or 75 when the checkpoint of this stop was written already). torchrun's own output
+    (its tracebacks of a stop) goes to a log file, and is shown only when the run failed."""
+    folder = RunFolder(job.output_dir)
+    log_dir = folder.torchrun_logs(nodes.log_name)
     log_dir.mkdir(parents=True, exist_ok=True)
     before = {p.name for p in log_dir.iterdir()}
     command = torchrun_command(job_path, nodes, log_dir, run_args)
-    child = subprocess.Popen(command, env=torchrun_env(nodes, {**os.environ, **env}))
-    # A signal to `dsbuild train` goes on to torchrun, which forwards it to the workers; this process waits for
-    # them all (and so holds the output folder's lock until the last is gone).
-    received: list[str] = []
-
-    def forward_signal(number: int, _: object) -> None:
-        received.append(signal.Signals(number).name)
-        child.send_signal(number)
-
-    forward = {number: signal.signal(number, forward_signal) for number in _FORWARDED}
+    own_log = log_dir / "torchrun.log"
+    child = subprocess.Popen(
+        command,
+        env=torchrun_env(nodes, {**os.environ, **env}),
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # the terminal's Ctrl-C comes here, not to torchrun (see above)
+        preexec_fn=_die_with_parent,
+    )
+    relay = _Relay(child, own_log, custom_prefix="TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE" in {**os.environ, **env})
+    stop = _Stop(child, folder)
+    handlers = {number: signal.signal(number, stop.receive) for number in _FORWARDED}
     try:
-        code = _wait(child)
+        code = stop.wait()
     finally:
-        for number, handler in forward.items():
+        for number, handler in handlers.items():
             signal.signal(number, handler)
-    if received and code != 0:
-        saved = last_complete(RunFolder(job.output_dir).checkpoints)
-        where = f"checkpoint {job.output_dir / 'checkpoints' / saved}" if saved else "no checkpoint"
-        return RunStopped.EXIT_CODE, [f"stopped by {received[0]}: {where} is the last verified one; --resume continues"]
-    if code == 130:
-        return 130, []
-    if code == 0:
-        return 0, []
+        relay.join()
+    if stop.first is None:
+        if code in (0, 130):
+            return code, []
+    elif code == 0 and not stop.hard:
+        return 0, []  # the run ended before the signal stopped it
     runs = [p for p in log_dir.iterdir() if p.is_dir() and p.name not in before]
     newest = max(runs, key=lambda p: p.stat().st_mtime) if runs else None
+    if stop.first is not None:
+        return stop.outcome(_stopped_by_a_signal(newest))
     stopped = _stopped_by_a_signal(newest)
     if stopped is not None:  # a signal to the workers themselves (Slurm signals every process of a step)
         return RunStopped.EXIT_CODE, [stopped]
+    relay.show_held()  # a failure: torchrun's own account of it too
     return code, [f"training failed: torchrun exited with {code}", *failure_report(newest)]
+
+
+_FORWARDED: Final = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+
+
+def _die_with_parent() -> None:
+    """In torchrun's process before it starts: SIGTERM to it when ``dsbuild train`` dies (Linux), so that killing the
+    launcher never leaves the ranks training (they then save and stop, as for any SIGTERM)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class _Stop:
+    """The signals ``dsbuild train`` receives while torchrun runs, and what they make of the run."""
+
+    def __init__(self, child: subprocess.Popen[bytes], folder: RunFolder) -> None:
+        self.child, self.folder = child, folder
+        self.first: signal.Signals | None = None
+        self.saved_before: str | None = None
+        """The newest verified checkpoint when the first signal came: a newer one is this stop's."""
+        self.hard = False
+        self.deadline: float | None = None
+
+    def receive(self, number: int, _: object) -> None:
+        received = signal.Signals(number)
+        if self.first is None:
+            self.first = received
+            self.saved_before = last_complete(self.folder.checkpoints)
+            # The ranks save at their next step; a save that never ends is cut short by torchrun, then here.
+            self.deadline = time.monotonic() + SHUTDOWN_SECONDS + 30
+            self.child.send_signal(signal.SIGUSR1 if received == signal.SIGUSR1 else signal.SIGTERM)
+        elif received == signal.SIGINT:  # Ctrl-C again: the user does not want to wait for the save
+            self.hard = True
+        else:
+            self.child.send_signal(received)  # a SIGTERM after Slurm's SIGUSR1: the ranks are stopping already
+
+    def wait(self) -> int:
+        while True:
+            try:
+                code = self.child.wait(timeout=0.2)
+                return int(code)
+            except subprocess.TimeoutExpired:
+                pass
+            except KeyboardInterrupt:  # a handler above is in place; this is only the instant before it
+                continue
+            if self.hard or (self.deadline is not None and time.monotonic() > self.deadline):
+                self.hard = True
+                _kill_tree(self.child)
+                try:
+                    return int(self.child.wait(timeout=HARD_STOP_SECONDS))
+                except subprocess.TimeoutExpired:
+                    return -int(signal.SIGKILL)
+
+    def outcome(self, ranks_said: str | None) -> tuple[int, list[str]]:
+        """The exit code and line of a run a signal stopped: 75 when this stop's checkpoint exists, else 128 + the
+        signal (130 for Ctrl-C), saying which checkpoint is the last verified one."""
+        assert self.first is not None
+        saved = last_complete(self.folder.checkpoints)
+        ours = saved is not None and saved != self.saved_before
+        if ranks_said is not None and not self.hard:
+            # The ranks saw torchrun's SIGTERM; the signal was this process's.
+            said = _SIGNALLED.sub(f"by {_named(self.first)} to dsbuild train", ranks_said, count=1)
+            return RunStopped.EXIT_CODE, [said]
+        where = f"checkpoint {self.folder.checkpoints / saved}" if saved else "no checkpoint"
+        if ours:
+            return RunStopped.EXIT_CODE, [
+                f"stopped by {_named(self.first)}: {where} is this stop's, verified; --resume continues"
+            ]
+        how = "a second Ctrl-C stopped the ranks at once" if self.hard else f"stopped by {_named(self.first)}"
+        if saved is None:
+            return 128 + int(self.first), [f"{how}, before any checkpoint was saved: a new run starts from step 0"]
+        return 128 + int(self.first), [
+            f"{how}, before this stop's checkpoint was saved; {where} is the last verified one: --resume continues"
+        ]
+
+
+_SIGNALLED: Final = re.compile(r"by \w+ to rank \d+( \(this process\))?")
+"""Who received the signal, in a rank's ``RunStopped`` message (``dsbuild.session.Session._stopped``)."""
+
+
+def _named(number: signal.Signals) -> str:
+    return "Ctrl-C (SIGINT)" if number == signal.SIGINT else number.name
+
+
+def _kill_tree(child: subprocess.Popen[bytes]) -> None:
+    """SIGKILL torchrun's ranks (each leads a process group of its own, with its data-loading workers) and torchrun,
+    and wait (a few seconds at most) until the ranks are gone."""
+    ranks = _children(child.pid)
+    for pid in ranks:
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)
+    with contextlib.suppress(OSError):
+        os.killpg(child.pid, signal.SIGKILL)
+    deadline = time.monotonic() + HARD_STOP_SECONDS
+    while time.monotonic() < deadline and any(_alive(pid) for pid in ranks):
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux's /proc; none elsewhere)."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = entry.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[1] == str(pid):
+            found.append(int(entry.parent.name))
+    return found
+
+
+_RANK_LINE: Final = re.compile(rb"^\[(node\d+ )?rank\d+\]:")
+"""The start of a line a rank printed, as torchrun prefixes it (``torchrun_env``)."""
+
+
+class _Relay(threading.Thread):
+    """Copies torchrun's stderr to ours as it comes: the ranks' lines at once, torchrun's own lines (its warnings,
+    its tracebacks of a stop) to ``torchrun.log`` only, shown by ``show_held`` when the run failed. With a line
+    prefix of the user's, every line is shown at once."""
+
+    def __init__(self, child: subprocess.Popen[bytes], log: Path, *, custom_prefix: bool) -> None:
+        super().__init__(daemon=True)
+        self.stream, self.log, self.custom = child.stderr, log, custom_prefix
+        self.held: list[bytes] = []
+        self.start()
+
+    def run(self) -> None:
+        assert self.stream is not None
+        out = sys.stderr.buffer if hasattr(sys.stderr, "buffer") else None
+        with open(self.log, "ab") as log:
+            for line in iter(self.stream.readline, b""):
+                if self.custom or _RANK_LINE.match(line):
+                    self._show(out, line)
+                else:
+                    log.write(line)
+                    log.flush()
+                    self.held.append(line)
+                    del self.held[:-200]  # the end of it is what a failure needs
+
+    @staticmethod
+    def _show(out: Any, line: bytes) -> None:
+        if out is not None:
+            out.write(line)
+            out.flush()
+        else:
+            sys.stderr.write(line.decode(errors="replace"))
+
+    def show_held(self) -> None:
+        out = sys.stderr.buffer if hasattr(sys.stderr, "buffer") else None
+        for line in self.held:
+            self._show(out, line)
+        self.held = []
 
 
 def _stopped_by_a_signal(run_dir: Path | None) -> str | None:
@@ -268,17 +449,6 @@ def _stopped_by_a_signal(run_dir: Path | None) -> str | None:
             return None
         said.append(message.removeprefix(f"{RunStopped.__name__}: ").strip().splitlines()[0])
     return said[0] if said else None
-
-
-_FORWARDED: Final = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
-
-
-def _wait(child: subprocess.Popen[bytes]) -> int:
-    while True:
-        try:
-            return child.wait()
-        except KeyboardInterrupt:  # forwarded above; wait for the workers to stop
-            continue
 
 
 def _recorded_error(rank_dir: Path) -> tuple[str, str]:
@@ -305,8 +475,7 @@ def failure_report(run_dir: Path | None, tail: int = 15) -> list[str]:
     for rank_dir in ranks:
         if (rank_dir / "error.json").is_file():
             stamp, message = _recorded_error(rank_dir)
-            said = message.strip().splitlines()
-            failed.append((stamp, rank_dir, said[-1] if said else ""))
+            failed.append((stamp, rank_dir, message.strip()))
     recorded = {rank_dir for _, rank_dir, _ in failed}
     stopped = [p for p in ranks if p not in recorded and (p / STOPPED_MARK).is_file()]
     lost = [p for p in ranks if p not in recorded and p not in stopped]
@@ -333,8 +502,10 @@ def failure_report(run_dir: Path | None, tail: int = 15) -> list[str]:
             text = stderr.read_text(encoding="utf-8", errors="replace").splitlines()
         except OSError:
             text = []
-        head = f"local rank {rank_dir.name} failed" + (f": {message}" if message else "")
-        lines.append(head)
+        # The error's first line heads the report; the lines after it (a table, what to do) continue it.
+        first, *more = message.splitlines() or [""]
+        lines.append(f"local rank {rank_dir.name} failed" + (f": {first}" if first else ""))
+        lines.extend(f"  {line}" for line in more if line.strip())
         if text:
             lines.append(f"  last lines of {stderr}:")
             lines.extend(f"    {line}" for line in text[-tail:])

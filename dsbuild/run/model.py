@@ -22,7 +22,7 @@ from ..config.fields import describe
 from ..errors import ConfigError, Problem
 from ..job import BYTE_TOKENIZER, ModelSpec
 
-__all__ = ["build_tokenizer", "model_problems", "model_source"]
+__all__ = ["build_tokenizer", "model_problems", "model_source", "vocab_size"]
 
 _KINDS: dict[type, tuple[type, ...]] = {bool: (bool,), int: (int,), float: (int, float), str: (str,), list: (list,)}
 _WORDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string", list: "a list"}
@@ -68,6 +68,29 @@ def model_source(spec: ModelSpec) -> Any:
     except Exception as e:  # TypeError, ValueError, huggingface_hub's strict-dataclass validation errors, ...
         reason = " ".join(str(e).split())
         raise ConfigError(Problem("model.config", f"{cls.__name__} refuses it: {reason}")) from None
+
+
+def vocab_size(spec: ModelSpec) -> int | None:
+    """The model's vocabulary size as its config says, without loading weights (``[model.config]``, its class's
+    default where the table leaves it out; a local model's ``config.json``), or ``None`` where that cannot be read
+    here (a hub id not in the local cache, a config the class refuses)."""
+    try:
+        source = model_source(spec)
+        if isinstance(source, str):
+            if not Path(source).is_dir():  # a hub id: not fetched for a check
+                return None
+            from ..session.building import pretrained_config
+
+            source = pretrained_config(source)
+    except (ConfigError, OSError, ValueError):
+        return None
+    if source is None:
+        return None
+    found = getattr(source, "vocab_size", None)
+    if not isinstance(found, int):
+        text = getattr(source, "get_text_config", None)
+        found = getattr(text(), "vocab_size", None) if callable(text) else None
+    return found if isinstance(found, int) and found > 0 else None
 
 
 def build_tokenizer(spec: ModelSpec) -> Any:

@@ -13,9 +13,13 @@ Only this module imports ray, and only inside its functions: the config SDK and 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import tempfile
+import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -126,17 +130,129 @@ def train(
                 checkpoint_config=CheckpointConfig(num_to_keep=keep),
             ),
         )
+        folder = RunFolder(job.output_dir)
+        folder.stop_request.unlink(missing_ok=True)  # a request of an earlier attempt is not this run's
+        stop = _DriverStop(folder)
         try:
-            result = trainer.fit()
+            result = stop.run(trainer.fit)
         except Exception as e:  # Ray's TrainingFailedError: every worker's error, by rank
             return _failed(e, storage)
-        except (KeyboardInterrupt, SystemExit):  # Ray's own Ctrl-C handler aborts the run and exits 0
-            saved = f"Ray's checkpoints are in {storage}/{RUN_NAME}"
-            return 130, [f"interrupted: Ray stopped the run; {saved}; dsbuild train --resume continues from the latest"]
+        finally:
+            folder.stop_request.unlink(missing_ok=True)
+        if stop.first is not None:
+            return stop.outcome(storage)
         where = result.checkpoint.path if result.checkpoint is not None else "none"
         return 0, [f"Ray kept the run's checkpoints in {storage}/{RUN_NAME} (latest: {where})"]
     finally:
+        session = _local_session_dir() if address is None else None
         ray.shutdown()
+        if session is not None:
+            _end_leftovers(session)
+
+
+class _DriverStop:
+    """The signals the driver receives while Ray trains. ``trainer.fit`` runs in a thread of its own, so that Ray
+    Train installs no Ctrl-C handler of its own and the signals come here: the first SIGINT, SIGTERM or SIGUSR1 asks
+    the workers (``RunFolder.stop_request``, read at each step) to save a checkpoint at the next step and stop; a
+    second SIGINT ends the run at once (``ray.shutdown``)."""
+
+    def __init__(self, folder: RunFolder) -> None:
+        self.folder = folder
+        self.first: signal.Signals | None = None
+        self.hard = False
+        self.saved_before: str | None = None
+
+    def receive(self, number: int, _: object) -> None:
+        received = signal.Signals(number)
+        if self.first is None:
+            from ..outputs.manifest import last_complete
+
+            self.first = received
+            self.saved_before = last_complete(self.folder.checkpoints)
+            self.folder.stop_request.write_text(f"{received.name} to dsbuild train\n", encoding="utf-8")
+        elif received == signal.SIGINT:
+            self.hard = True
+
+    def run(self, fit: Callable[[], Any]) -> Any:
+        outcome: dict[str, Any] = {}
+
+        def target() -> None:
+            try:
+                outcome["result"] = fit()
+            except BaseException as e:  # handed to the main thread
+                outcome["error"] = e
+
+        thread = threading.Thread(target=target, name="ray-train-fit", daemon=True)
+        handlers = {s: signal.signal(s, self.receive) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+        try:
+            thread.start()
+            while thread.is_alive() and not self.hard:
+                thread.join(0.2)
+        finally:
+            for number, handler in handlers.items():
+                signal.signal(number, handler)
+        if self.hard:
+            return None  # the caller's ray.shutdown ends the workers
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["result"]
+
+    def outcome(self, storage: str) -> tuple[int, list[str]]:
+        """75 when the workers saved this stop's checkpoint, else 128 + the signal (130 for Ctrl-C)."""
+        from ..outputs.manifest import last_complete
+
+        assert self.first is not None
+        saved = last_complete(self.folder.checkpoints)
+        where = f"checkpoint {self.folder.checkpoints / saved}" if saved else "no checkpoint"
+        if saved is not None and saved != self.saved_before and not self.hard:
+            return RunStopped.EXIT_CODE, [
+                f"stopped by {self.first.name} to dsbuild train: {where} is this stop's, verified (Ray keeps it in "
+                f"{storage}/{RUN_NAME} too); --resume continues"
+            ]
+        how = "a second Ctrl-C ended the run at once" if self.hard else f"stopped by {self.first.name}"
+        if saved is None:
+            return 128 + int(self.first), [f"{how}, before any checkpoint was saved: a new run starts from step 0"]
+        return 128 + int(self.first), [
+            f"{how}, before this stop's checkpoint was saved; {where} is the last verified one: --resume continues"
+        ]
+
+
+def _local_session_dir() -> str | None:
+    """The session folder of the local Ray cluster this process started (``/tmp/ray/session_...``), or ``None``."""
+    try:
+        import ray._private.worker as ray_worker
+
+        node = ray_worker._global_node
+        return str(node.get_session_dir_path()) if node is not None else None
+    except Exception:  # Ray's private layout changed: nothing to look for
+        return None
+
+
+def _end_leftovers(session: str, *, grace: float = 5.0) -> None:
+    """End what the local cluster of ``session`` left running after ``ray.shutdown`` (its dashboard and runtime-env
+    agents outlive the raylet that started them for a while, re-parented to init): SIGTERM, then SIGKILL after
+    ``grace`` seconds. A process is the session's when its command line names the session's folder (Linux)."""
+
+    def theirs() -> list[int]:
+        found = []
+        for entry in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                if session.encode() in entry.read_bytes() and int(entry.parent.name) != os.getpid():
+                    found.append(int(entry.parent.name))
+            except (OSError, ValueError):
+                continue
+        return found
+
+    for number in (signal.SIGTERM, signal.SIGKILL):
+        left = theirs()
+        if not left:
+            return
+        for pid in left:
+            with contextlib.suppress(OSError):
+                os.kill(pid, number)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and theirs():
+            time.sleep(0.1)
 
 
 def _failed(error: BaseException, storage: str) -> tuple[int, list[str]]:
@@ -178,14 +294,45 @@ def run_worker(config: Mapping[str, Any]) -> None:
     from .worker import Hooks, run
 
     job = load_job(Path(config["job"]), config["sets"])
+    folder = RunFolder(job.output_dir)
+    # The newest checkpoint wins, wherever it is: Ray's latest registered one, or the run's own newest in its folder
+    # (Ray registers a report some time after it, and a worker lost in between, or a driver stopped, loses it). A
+    # fresh run's folder holds none (dsbuild train guards it), so any there were saved by an earlier attempt.
     checkpoint = ray.train.get_checkpoint()
-    restore = _local(checkpoint, job) if checkpoint is not None else None
-    hooks = Hooks(restore=restore, after_save=_report, save_requested=_Preemption())
-    # Without a checkpoint of Ray's (none registered yet: Ray registers a report some time after it, and a worker
-    # lost in between loses it), a restart resumes from the run's own newest verified one. A fresh run's folder
-    # holds none (dsbuild train guards it), so any there were saved by an earlier attempt of this run.
-    saved = bool(manifest.candidates(RunFolder(job.output_dir).checkpoints))
-    run(job, resume=config["resume"] or saved, terminate_on_nan=config["terminate_on_nan"], hooks=hooks)
+    own = manifest.last_complete(folder.checkpoints)
+    rays = Path(checkpoint.path).name if checkpoint is not None else None
+    restore = _local(checkpoint, job) if rays is not None and _step(rays) >= _step(own) else None
+    hooks = Hooks(
+        restore=restore, after_save=_report, save_requested=_Preemption(), stop_requested=_StopRequest(folder)
+    )
+    try:
+        run(job, resume=config["resume"] or own is not None, terminate_on_nan=config["terminate_on_nan"], hooks=hooks)
+    except RunStopped:
+        return  # the driver asked, and the checkpoint is saved: a finished attempt, which Ray does not start again
+
+
+def _step(tag: str | None) -> int:
+    """The step of a checkpoint tag (``global_step12``: 12), -1 for none or another name."""
+    if tag is None or not tag.startswith("global_step") or not tag.removeprefix("global_step").isdigit():
+        return -1
+    return int(tag.removeprefix("global_step"))
+
+
+class _StopRequest:
+    """Asked at each step: what the driver's stop request says (``RunFolder.stop_request``), or ``None``."""
+
+    def __init__(self, folder: RunFolder) -> None:
+        self.path = folder.stop_request
+
+    def __call__(self) -> str | None:
+        try:
+            text = self.path.read_text(encoding="utf-8").strip()
+        except OSError:
+            return None
+        return text if text in _REQUESTS else None
+
+
+_REQUESTS: Final = {f"{s.name} to dsbuild train" for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
 
 
 def _local(checkpoint: Any, job: Any) -> Path:

@@ -27,7 +27,6 @@ import json
 import logging
 import os
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -44,7 +43,7 @@ from ..outputs.plot import plot_in_child
 from ..outputs.run_folder import RunFolder
 from ..resolve.batch import degrees
 from ..resolve.schedule import micro_batches, optimizer_steps, steps_between
-from .model import build_tokenizer, model_source
+from .model import build_tokenizer, model_source, vocab_size
 
 logger = logging.getLogger("dsbuild")
 
@@ -59,10 +58,6 @@ __all__ = [
 ]
 
 
-_QUIET = r"`torch\.distributed\.\w+` is deprecated"
-"""torch warns on every step that DeepSpeed calls its old collective names; nothing a user can act on."""
-
-
 @attrs.frozen
 class Hooks:
     """What a launcher other than torchrun adds to each rank's run (Ray's backend: ``dsbuild.run.ray_train``)."""
@@ -74,6 +69,8 @@ class Hooks:
     """``Session.after_save``: given each saved checkpoint's folder, on every rank."""
     save_requested: Callable[[], bool] | None = None
     """``Session.save_requested``: asked after each step, on every rank; ``True`` saves a checkpoint now."""
+    stop_requested: Callable[[], str | None] | None = None
+    """``Session.stop_requested``: asked at each step, on every rank; a reason stops the run there, with a checkpoint."""
 
 
 @attrs.frozen
@@ -93,10 +90,11 @@ def preflight(job: Job) -> Datasets | None:
     from ..data import check, load
 
     model_source(job.model)
+    vocab = vocab_size(job.model)
     if job.model.tokenizer == BYTE_TOKENIZER or (job.model.tokenizer and Path(job.model.tokenizer).exists()):
         # One process (the launcher, or validate): no process group, so nothing of the Session is imported.
-        return load(job.data, build_tokenizer(job.model), seed=job.training.seed)
-    check(job.data)
+        return load(job, build_tokenizer(job.model), vocab_size=vocab)
+    check(job.data, vocab_size=vocab)
     return None
 
 
@@ -120,7 +118,7 @@ def _datasets(job: Job, tokenizer: Any) -> Datasets:
         if not first_on_node:
             distributed.barrier()
     try:
-        return load(job.data, tokenizer, seed=job.training.seed)
+        return load(job, tokenizer, vocab_size=vocab_size(job.model))
     finally:
         if several and first_on_node:
             distributed.barrier()  # also when it failed: the others then fail the same way, instead of waiting
@@ -226,8 +224,9 @@ def run(
     was resumed, what the data lost) go to the ``dsbuild`` logger, from rank 0. Guarding the output folder
     is the launcher's (``dsbuild.outputs.run_folder``). ``hooks``: what a launcher other than torchrun adds.
     """
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=_QUIET, category=FutureWarning)
+    from ..session.distributed import quiet_old_names
+
+    with quiet_old_names():
         return _run(
             job,
             resume=resume or resume_from is not None,
@@ -270,6 +269,8 @@ def prepare(job: Job, data: Datasets | None = None) -> Prepared:
     pretrained = pretrained_config(source)
     tokenizer = build_tokenizer(job.model)
     keep_trained_template(tokenizer, job.data.format, job.data.chat_template)  # saved with the model
+    if job.data.eos_token is not None:
+        tokenizer.eos_token = job.data.eos_token  # as TRL: the saved tokenizer ends sequences as training did
     if data is None:
         phase(f"reading and tokenizing the data ({job.data.path})")
     datasets = data if data is not None else _datasets(job, tokenizer)
@@ -309,6 +310,8 @@ def _run(
     session = ready.session
     session.terminate_on_nan = terminate_on_nan
     session.after_save, session.save_requested = hooks.after_save, hooks.save_requested
+    session.stop_requested = hooks.stop_requested
+    session.stop_on_interrupt = True  # dsbuild train: the first Ctrl-C saves at the next step, a second stops at once
     checkpoint = session.config.checkpoint
     if distributed.world_size() > 1 and not (checkpoint is not None and checkpoint.use_node_local_storage is True):
         from ..session.checkpoints import require_shared
@@ -333,7 +336,10 @@ def _run(
         say(f"resumed from {hooks.restore} at step {resumed_from}")
     elif resume:
         if tag is None and not candidates(save_dir):
-            say(f"--resume: no checkpoint in {save_dir}; starting from step 0")
+            # Loud: a resume that finds nothing may be looking in the wrong place (the path is absolute).
+            earlier = " (an earlier run there left a history but no checkpoint)" if history_file.exists() else ""
+            if main_process:
+                logger.warning("--resume: no checkpoint in %s%s: training starts at step 0", save_dir, earlier)
         else:
             position = session.load_checkpoint(tag=tag)  # engine, data position, RNG; verified
             resumed_from = position["global_step"]
@@ -359,7 +365,8 @@ def _run(
     by_steps = ready.evaluation is not None and training.eval_strategy != "epoch"  # "epoch": fit evaluates at each end
     eval_every = (eval_steps or save_every or None) if by_steps else None
     session.fit(ready.train, eval_data=ready.evaluation, eval_every=eval_every, collate_fn=ready.collate_fn)
-    session.save_model()  # HF format, or the LoRA adapters; collective
+    lora = job.model.lora
+    session.save_model(merge_lora=lora is not None and lora.merge)  # HF format, or the LoRA adapters; collective
 
     if main_process:
         why_not = plot_in_child(history_file, folder.loss_plot, title=_title(job))
@@ -422,7 +429,11 @@ def summary_lines(job: Job) -> list[str]:
             text += f"; evaluation loss {evaluation[0]['eval_loss']:.3f} at step {evaluation[0]['step']}"
         lines.append(text)
     latest = read_latest(folder.checkpoints) or ""
-    model = "LoRA adapters" if job.model.lora is not None else "HF format"
+    lora = job.model.lora
+    if lora is None or lora.merge:
+        model = "HF format" + (", LoRA merged" if lora is not None else "")
+    else:
+        model = "LoRA adapters" + ("; their base in base/" if job.model.config is not None else "")
     rows = [
         ("ds_config", folder.ds_config, "the resolved config the engine ran with"),
         ("checkpoints", folder.checkpoints, f"latest: {latest}" if latest else "none saved"),

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
+import functools
 import os
 import socket
-from collections.abc import Mapping
-from typing import Any, TypeVar
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, ParamSpec, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -22,6 +25,8 @@ __all__ = [
     "is_initialized",
     "local_rank",
     "node_rank",
+    "quiet_old_names",
+    "quietly",
     "rank",
     "world_size",
 ]
@@ -172,3 +177,30 @@ def all_sum(values: list[float], device: torch.device | str) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return [float(v) for v in t.tolist()]
+
+
+_OLD_NAMES = r"`torch\.distributed\.\w+` is deprecated"
+"""What torch says, as a FutureWarning, each time DeepSpeed calls one of its old collective names
+(``all_gather_into_tensor``, ...): nothing a user can act on."""
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+@contextlib.contextmanager
+def quiet_old_names() -> Iterator[None]:
+    """Inside: torch's warning about DeepSpeed's old collective names is not shown (only that one)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_OLD_NAMES, category=FutureWarning)
+        yield
+
+
+def quietly(method: Callable[_P, _R]) -> Callable[_P, _R]:
+    """``method`` run inside ``quiet_old_names``: what a ``Session`` method that reaches DeepSpeed's collectives wears."""
+
+    @functools.wraps(method)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with quiet_old_names():
+            return method(*args, **kwargs)
+
+    return wrapper

@@ -129,6 +129,13 @@ class EngineSession:
         self.after_save: Callable[[Path], None] | None = None
         """Called on every process with the checkpoint's folder once ``save_checkpoint`` has saved and verified it
         (Ray's backend hands each process's files to Ray Train here); collective when the callable is."""
+        self.stop_on_interrupt = False
+        """A first Ctrl-C (SIGINT) during ``fit`` stops it as SIGTERM does, with a checkpoint at the next step
+        (``RunStopped``); a second raises ``KeyboardInterrupt`` at once. Off: Ctrl-C is Python's ``KeyboardInterrupt``
+        (``dsbuild train`` turns it on)."""
+        self.stop_requested: Callable[[], str | None] | None = None
+        """Asked on every process at each optimizer step of ``fit``: a reason (``"SIGINT to dsbuild train"``) stops it
+        there as a signal does, with a checkpoint (Ray's backend: its driver's request, which no signal carries)."""
         self.save_requested: Callable[[], bool] | None = None
         """Asked on every process after each optimizer step of ``fit``; ``True`` saves a checkpoint now and trains on
         (Ray's backend: a preemption notice from Ray Train); collective when the callable is."""
@@ -182,6 +189,7 @@ class EngineSession:
             total_steps=total_steps,
         )
 
+    @distributed.quietly
     def _build_engine(self, total_steps: int | None) -> DeepSpeedEngine:
         if not self._steps_known:
             # The last chance to learn the schedule's length; without it this raises naming the key.
@@ -335,6 +343,7 @@ class EngineSession:
         """
         return self._step(batch, loss_fn, num_items_in_batch, None)
 
+    @distributed.quietly
     def _step(
         self, batch: Any, loss_fn: Callable[[Any, Any], Any] | None, num_items: int | None, boundary: bool | None
     ) -> StepOutput:
@@ -406,6 +415,7 @@ class EngineSession:
 
     # -- evaluation ----------------------------------------------------------------------
 
+    @distributed.quietly
     def evaluate(
         self,
         data: Any,
@@ -442,12 +452,13 @@ class EngineSession:
             raise SessionError("no checkpoint directory: pass a path, or output_dir= to the Session")
         return RunFolder(self.output_dir).checkpoints
 
+    @distributed.quietly
     def save_checkpoint(self, path: str | os.PathLike[str] | None = None, tag: str | None = None) -> str:
         """Collective: save engine, optimizer, scheduler, data position and RNG states, verified; return the tag.
 
         Every process writes its files (DeepSpeed's, hashed as they are written, and its own
-        position and RNG states as JSON); then rank 0 writes the manifest (sizes, SHA-256,
-        versions, the run's facts) and only then points ``latest`` at it, so a crash or a
+        position and RNG states as JSON); then rank 0 writes the manifest (sizes, digests: XXH3-128 by default,
+        ``checkpoint_digest``; versions, the run's facts) and only then points ``latest`` at it, so a crash or a
         full disk mid-save leaves the previous checkpoint the one that loads. Then all but
         the ``keep_last`` newest checkpoints are deleted.
         """
@@ -478,6 +489,7 @@ class EngineSession:
             "rng": weights_only.rng_state(),
         }
 
+    @distributed.quietly
     def load_checkpoint(self, path: str | os.PathLike[str] | None = None, tag: str | None = None) -> dict[str, Any]:
         """Collective: restore a verified checkpoint; the next ``fit``/``step`` continues it exactly.
 
@@ -522,6 +534,7 @@ class EngineSession:
 
     # -- export ------------------------------------------------------------------------------
 
+    @distributed.quietly
     def save_model(self, path: str | os.PathLike[str] | None = None, merge_lora: bool = False) -> Path:
         """Collective: rank 0 writes the trained model to ``path`` in HF format (safetensors).
 

@@ -15,7 +15,17 @@ import torch
 from ..outputs.manifest import fingerprint
 from . import distributed
 
-__all__ = ["full_state_dict", "is_peft", "lora_fingerprint", "model_fingerprint", "save_hf", "trainable_state_dict"]
+__all__ = [
+    "BASE",
+    "base_model",
+    "built_from_config",
+    "full_state_dict",
+    "is_peft",
+    "lora_fingerprint",
+    "model_fingerprint",
+    "save_hf",
+    "trainable_state_dict",
+]
 
 
 def _partitioned(engine: Any) -> bool:
@@ -75,6 +85,23 @@ def _dtype_of(sd: dict[str, torch.Tensor]) -> torch.dtype:
 
 def merged_model(model: Any, sd: dict[str, torch.Tensor]) -> Any:
     """A CPU copy of the peft ``model`` holding the weights ``sd``, with its adapters merged into the base weights."""
+    return _cpu_copy(model, sd).merge_and_unload()
+
+
+def base_model(model: Any, sd: dict[str, torch.Tensor]) -> Any:
+    """A CPU copy of the peft ``model``'s base holding the weights ``sd`` (the adapters left out, not merged)."""
+    return _cpu_copy(model, sd).unload()
+
+
+def built_from_config(model: Any) -> bool:
+    """Whether the peft ``model``'s base was built from a config (random init, saved nowhere): then its adapters
+    alone cannot be loaded, and ``save_hf`` saves the base beside them."""
+    config = getattr(model.get_base_model(), "config", None)
+    return config is not None and not getattr(config, "_name_or_path", "")
+
+
+def _cpu_copy(model: Any, sd: dict[str, torch.Tensor]) -> Any:
+    """A CPU copy of the peft ``model`` (its base built anew from its config) holding the weights ``sd``."""
     from peft import get_peft_model
 
     base = model.get_base_model()
@@ -85,9 +112,9 @@ def merged_model(model: Any, sd: dict[str, torch.Tensor]) -> Any:
     missing, unexpected = fresh.load_state_dict(sd, strict=False)
     if unexpected or any("lora_" in k or k.endswith("weight") for k in missing):
         raise RuntimeError(
-            f"merging LoRA: state dict does not fit the model (missing {missing}, unexpected {unexpected})"
+            f"exporting LoRA: state dict does not fit the model (missing {missing}, unexpected {unexpected})"
         )
-    return fresh.merge_and_unload()
+    return fresh
 
 
 def is_peft(model: Any) -> bool:
@@ -100,19 +127,26 @@ def save_hf(engine: Any, model: Any, path: str | Path, *, merge_lora: bool = Fal
     """Collective: rank 0 writes ``model`` to ``path`` in HF format (safetensors) with the engine's trained weights.
 
     A peft model writes its adapters (``adapter_model.safetensors``), or with
-    ``merge_lora=True`` the base model with the adapters merged in. A plain
+    ``merge_lora=True`` the base model with the adapters merged in. Adapters on a base built from a config (random
+    weights that exist nowhere else) come with their base, in ``path/base``, which their ``adapter_config.json``
+    names (absolute), so ``AutoPeftModelForCausalLM.from_pretrained(path)`` loads both. A plain
     ``nn.Module`` writes ``model.safetensors``.
     """
     from safetensors.torch import save_file
 
     path = Path(path)
     peft = is_peft(model)
-    sd = trainable_state_dict(engine) if peft and not merge_lora else full_state_dict(engine)
+    with_base = peft and not merge_lora and built_from_config(model)
+    sd = trainable_state_dict(engine) if peft and not merge_lora and not with_base else full_state_dict(engine)
     if distributed.rank() == 0:
         assert sd is not None
         path.mkdir(parents=True, exist_ok=True)
         if peft and merge_lora:
             merged_model(model, sd).save_pretrained(path)
+        elif with_base:
+            base = path.resolve() / BASE
+            base_model(model, sd).save_pretrained(base)
+            _save_adapters(model, path, sd, base_name=str(base))
         elif peft or hasattr(model, "save_pretrained"):
             model.save_pretrained(path, state_dict=sd)
         else:
@@ -121,6 +155,23 @@ def save_hf(engine: Any, model: Any, path: str | Path, *, merge_lora: bool = Fal
         if tokenizer is not None:
             tokenizer.save_pretrained(path)
     distributed.barrier()
+
+
+BASE = "base"
+"""The folder, inside a LoRA model's export, of the base it was trained on when that was built from a config."""
+
+
+def _save_adapters(model: Any, path: Path, sd: dict[str, torch.Tensor], *, base_name: str) -> None:
+    """The peft ``model``'s adapters out of ``sd``, with ``base_name`` as their ``base_model_name_or_path``."""
+    configs = model.peft_config
+    before = {name: config.base_model_name_or_path for name, config in configs.items()}
+    try:
+        for config in configs.values():
+            config.base_model_name_or_path = base_name
+        model.save_pretrained(path, state_dict=sd)
+    finally:
+        for name, config in configs.items():
+            config.base_model_name_or_path = before[name]
 
 
 def model_fingerprint(model: Any) -> str:

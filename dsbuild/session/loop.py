@@ -17,7 +17,7 @@ from ..errors import NonFiniteLossError
 from ..outputs import manifest
 from ..outputs.run_folder import RunFolder
 
-__all__ = ["LAUNCHER_LOST", "LAUNCHER_PID", "Progress", "StopSignals", "non_finite"]
+__all__ = ["LAUNCHER_LOST", "LAUNCHER_PID", "Progress", "StopSignals", "non_finite", "stop_code", "stop_name"]
 
 logger = logging.getLogger("dsbuild")
 
@@ -58,17 +58,39 @@ LAUNCHER_LOST: Final = "LAUNCHER_LOST"
 """What ``StopSignals.check`` gives when the process that started this one (torchrun's agent) is gone."""
 
 
+_STOP_CODES: Final = {
+    LAUNCHER_LOST: 1000,
+    **{f"{s.name} to dsbuild train": 1000 + int(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)},
+}
+
+
+def stop_code(received: str | None) -> int:
+    """What a process tells the others at a step of what stops it (0: nothing; a signal's number; or
+    ``LAUNCHER_LOST``'s), summed in one vector with the step's numbers; ``stop_name`` reads it back."""
+    if received is None:
+        return 0
+    return _STOP_CODES.get(received) or int(signal.Signals[received])
+
+
+def stop_name(code: int) -> str:
+    for name, known in _STOP_CODES.items():
+        if known == code:
+            return name
+    return signal.Signals(code).name
+
+
 class StopSignals:
-    """SIGTERM and SIGUSR1 noted while ``fit`` runs (in the main thread), for the loop to act on at the next step;
-    the handlers in place before are put back when it ends."""
+    """SIGTERM and SIGUSR1 (with ``interrupt``, the first SIGINT too) noted while ``fit`` runs (in the main thread),
+    for the loop to act on at the next step; a second SIGINT raises ``KeyboardInterrupt`` at once. The handlers in
+    place before are put back when it ends."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
-    def __init__(self) -> None:
+    def __init__(self, *, interrupt: bool = False) -> None:
         self.received: str | None = None
         self.before: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
-            for number in self.SIGNALS:
+            for number in (*self.SIGNALS, *((signal.SIGINT,) if interrupt else ())):
                 self.before[number] = signal.signal(number, self._note)
 
         # Under torchrun, its agent: a worker whose agent is gone (killed, its node lost) is an orphan that would train
@@ -78,7 +100,10 @@ class StopSignals:
         self.launcher = (int(noted) if noted.isdigit() else os.getppid()) if under_torchrun else None
 
     def _note(self, number: int, frame: Any) -> None:
-        self.received = signal.Signals(number).name
+        if number == signal.SIGINT and self.received is not None:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            raise KeyboardInterrupt  # Ctrl-C again: no waiting for the step and its save
+        self.received = self.received or signal.Signals(number).name
 
     def check(self) -> str | None:
         """What stops the run at this step: a signal's name, ``LAUNCHER_LOST``, or ``None``."""

@@ -40,6 +40,7 @@ class Session(EngineSession):
     ``"xxh3_128"`` (default: finds damage as SHA-256 does, many times faster) or ``"sha256"``.
     """
 
+    @distributed.quietly
     def fit(
         self,
         train_data: Any,
@@ -110,7 +111,9 @@ class Session(EngineSession):
         last: dict[str, Any] | None = None  # the latest optimizer step's record
         kept = History(self.history_path if self.is_main_process else None)
         progress = loop.Progress(steps, engine.global_steps, main=self.is_main_process)
-        stop = loop.StopSignals()  # SIGTERM / SIGUSR1: an agreed checkpoint at the next step, then RunStopped
+        # SIGTERM / SIGUSR1 (and a first Ctrl-C, with stop_on_interrupt): an agreed checkpoint at the next step, then
+        # RunStopped.
+        stop = loop.StopSignals(interrupt=self.stop_on_interrupt)
         started = time.perf_counter()
         try:
             while engine.global_steps < steps:
@@ -137,9 +140,9 @@ class Session(EngineSession):
                     if plan.saves(step):
                         kept.flush()
                         self.save_checkpoint()
-                    if signalled:
+                    if signalled is not None:
                         kept.flush()
-                        raise self._stopped(stop.received, step)
+                        raise self._stopped(signalled, step)
                     if self.save_requested is not None and self.save_requested():
                         kept.flush()
                         if self.last_saved != f"global_step{step}":
@@ -177,9 +180,9 @@ class Session(EngineSession):
         by_tokens: bool,
         stop: loop.StopSignals,
         started: float,
-    ) -> tuple[dict[str, Any], bool]:
+    ) -> tuple[dict[str, Any], tuple[int, str] | None]:
         """One optimizer step over ``group``, this process's micro-batches of it: the step's record (its numbers
-        summed over every process) and whether any process was signalled to stop."""
+        summed over every process) and, when a process was told to stop, which (its rank) and by what."""
         # The group's trained tokens, over every process, weight its loss (HF's num_items_in_batch).
         num_items = self.items_in_step(group) if by_tokens else None
         window = [0.0, 0.0, 0.0]  # loss, samples, tokens of the step on this process
@@ -190,10 +193,12 @@ class Session(EngineSession):
             out = self._step(batch, loss_fn, num_items, i == len(group) - 1)
             self.position.batch_in_epoch += 1
             window = [window[0] + out.loss, window[1] + samples, window[2] + tokens]
-        # One collective per step sums the step's numbers and whether any process was signalled.
-        loss_sum, samples_sum, tokens_sum, signalled = distributed.all_sum(
-            [*window, float(stop.check() is not None)], self.engine.device
-        )
+        # One collective per step sums the step's numbers and which process was signalled, by what (loop.stop_code).
+        noted = [0.0] * self.world_size
+        asked = self.stop_requested() if self.stop_requested is not None else None
+        noted[self.rank] = float(loop.stop_code(stop.check() or asked))
+        loss_sum, samples_sum, tokens_sum, *codes = distributed.all_sum([*window, *noted], self.engine.device)
+        signalled = next(((rank, loop.stop_name(int(c))) for rank, c in enumerate(codes) if c), None)
         # A tensor-parallel group's ranks train on the same batch: its numbers count once.
         tp = self.tensor_parallel_size
         loss_sum, samples_sum, tokens_sum = loss_sum / tp, samples_sum / tp, tokens_sum / tp
@@ -209,14 +214,19 @@ class Session(EngineSession):
             "samples_per_sec": samples_sum / elapsed,
             "tokens_per_sec": tokens_sum / elapsed,
         }
-        return record, signalled > 0
+        return record, signalled
 
-    def _stopped(self, received: str | None, step: int) -> RunStopped:
-        """The agreed stop: every process saves the checkpoint of ``step`` (verified, with its manifest), then stops."""
+    def _stopped(self, signalled: tuple[int, str], step: int) -> RunStopped:
+        """The agreed stop: every process saves the checkpoint of ``step`` (verified, with its manifest), then stops.
+        ``signalled``: the first process that was told to stop, and by what."""
+        rank, received = signalled
+        who = f"rank {rank}" + (" (this process)" if rank == self.rank else "")
         if received == loop.LAUNCHER_LOST:
-            why = "the end of this process's launcher (torchrun's agent)"
+            why = f"the end of {who}'s launcher (torchrun's agent)"
+        elif " to " in received:  # asked through stop_requested: it says to whom
+            why = received
         else:
-            why = f"{received} to this process" if received else "a signal to another process"
+            why = f"{received} to {who}"
         if self.output_dir is None:
             return RunStopped(f"stopped at step {step} by {why}: no output directory, so no checkpoint was saved", None)
         tag = f"global_step{step}"

@@ -161,7 +161,17 @@ def describe(tag_dir: Path, then: Mapping[str, Any], now: manifest.RunFacts, sam
 
     old = split(then.get("world_size"), then.get("micro_batch"), then.get("gradient_accumulation"))
     new = split(now.world_size, now.micro_batch, now.gradient_accumulation)
-    return (
+    text = (
         f"{tag_dir.name} was saved by {old}; this run has {new}: converted it with DeepSpeed's universal checkpoint "
         f"into {tag_dir / FOLDER} and resumed {samples} samples into its epoch"
     )
+    try:
+        before = int(then["world_size"]) * int(then["micro_batch"]) * int(then["gradient_accumulation"])
+    except (KeyError, TypeError, ValueError):
+        return text
+    after = now.world_size * now.micro_batch * now.gradient_accumulation
+    if before == after:
+        return text
+    keep = before // (now.world_size * now.micro_batch) if before % (now.world_size * now.micro_batch) == 0 else None
+    fix = f"; gradient_accumulation_steps = {keep} keeps it" if keep else ""
+    return f"{text}. The global batch is now {after} samples per optimizer step, not {before}{fix}"

@@ -181,20 +181,24 @@ def test_train_refuses_a_config_that_fails_validation(capsys: pytest.CaptureFixt
 def test_train_checks_the_model_config_and_the_data_before_starting(
     capsys: pytest.CaptureFixture[str], job: Path
 ) -> None:
-    """A misspelt model config field and a bad data record are exit 1 too (they fail the checks ``validate`` makes),
-    before any process or model exists."""
+    """A misspelt model config field and a bad data record are exit 1 too (they fail the checks ``validate`` makes,
+    the same ones, named the same way), before any process or model exists."""
     _edit(job, "hidden_size = 64", "hidden_sise = 64")
     code, out, err = run(capsys, "train", str(job))
     assert (code, out) == (1, "")
     assert err == (
         f"dsbuild: error: {job}: model.config.hidden_sise: not a LlamaConfig field (did you mean 'hidden_size'?)\n"
+        "dsbuild: error: not started: 1 error\n"
     )
     _edit(job, "hidden_sise = 64", "hidden_size = 64")
     (job.parent / "train.jsonl").write_text('{"instruction": "x", "output": "y"}\n{"instruction": "x"}\n')
     code, out, err = run(capsys, "train", str(job))
     assert (code, out) == (1, "")
     data = job.parent / "train.jsonl"
-    assert err == f"dsbuild: error: {data}: line 2: field 'output': expected a string, it is missing or null\n"
+    assert err == (
+        f"dsbuild: error: {job}: data.path: {data}: line 2: field 'output': expected a string, it is missing or null\n"
+        "dsbuild: error: not started: 1 error\n"
+    )
 
 
 @pytest.mark.train
@@ -359,8 +363,9 @@ def test_export_a_job_as_is_resolved_and_for_hf(capsys: pytest.CaptureFixture[st
     hf_args = transformers.TrainingArguments(**{**kwargs, "deepspeed": None})
     assert kwargs["deepspeed"] == str(tmp_path / "hf.json")
     for name in ("learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps", "max_steps",
-                 "warmup_steps", "max_grad_norm", "bf16", "seed", "output_dir"):  # fmt: skip
+                 "warmup_steps", "max_grad_norm", "bf16", "seed"):  # fmt: skip
         assert getattr(hf_args, name) == getattr(loaded.training, name), name
+    assert "output_dir" not in kwargs  # the HF run never writes into the dsbuild run's folder
     assert hf_args.lr_scheduler_type.value == loaded.training.lr_scheduler_type
 
     code, _, err = run(capsys, "export", str(job), "--for", "hf", "--resolve", "-o", str(tmp_path / "x.json"))

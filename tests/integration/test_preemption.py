@@ -48,7 +48,7 @@ def test_sigusr1_in_fit_saves_the_next_step_and_stops(tmp_path: Path) -> None:
 
     with pytest.raises(RunStopped) as info:
         s.fit(data, loss_fn=signalled)
-    assert "stopped at step 2 by SIGUSR1 to this process" in str(info.value)
+    assert "stopped at step 2 by SIGUSR1 to rank 0 (this process)" in str(info.value)
     assert info.value.checkpoint == str(tmp_path / "checkpoints" / "global_step2")
     assert manifest.verify(tmp_path / "checkpoints" / "global_step2")["global_step"] == 2
     assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL  # the handler in place before is back
@@ -178,3 +178,99 @@ def test_a_signal_to_one_rank_or_to_the_launcher_of_two_processes_saves_and_resu
     assert [got[s] for s in range(stopped_at + 1, 11)] == pytest.approx(
         [two_process_reference[s] for s in range(stopped_at + 1, 11)], rel=1e-5
     )
+
+
+def test_ctrl_c_in_fit_saves_at_the_next_step_and_a_second_stops_at_once(tmp_path: Path) -> None:
+    """With stop_on_interrupt (dsbuild train's), a first SIGINT during step 2 saves global_step2 and stops
+    (RunStopped); a second SIGINT right after the first raises KeyboardInterrupt at once, saving nothing; the
+    handler in place before is back either way."""
+    torch.manual_seed(0)
+    x = torch.randn(12, 4)
+    data = [(x[i : i + 2], x[i : i + 2].sum(dim=1, keepdim=True)) for i in range(0, 12, 2)]
+
+    def session(out: Path) -> Session:
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+        training = Training(max_steps=6, per_device_train_batch_size=2, save_steps=100, logging_steps=1)
+        s = Session(model, Config.zero(1).adamw(lr=1e-3).batch(micro=2), training=training, output_dir=out)
+        s.stop_on_interrupt = True
+        return s
+
+    def interrupting(times: int) -> Any:
+        calls = []
+
+        def loss(engine: Any, batch: Any) -> Any:
+            calls.append(1)
+            if len(calls) == 2:
+                for _ in range(times):
+                    os.kill(os.getpid(), signal.SIGINT)  # what a terminal's Ctrl-C sends
+            return loss_fn(engine, batch)
+
+        return loss
+
+    with pytest.raises(RunStopped, match="stopped at step 2 by SIGINT to rank 0"):
+        session(tmp_path / "once").fit(data, loss_fn=interrupting(1))
+    assert manifest.verify(tmp_path / "once" / "checkpoints" / "global_step2")["global_step"] == 2
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with pytest.raises(KeyboardInterrupt):
+        session(tmp_path / "twice").fit(data, loss_fn=interrupting(2))
+    assert not (tmp_path / "twice" / "checkpoints").exists()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("during", "gap"), [("a step", 0.1), ("a save", 0.3)])
+def test_ctrl_c_twice_stops_two_processes_at_once_with_the_documented_code(
+    tmp_path: Path, during: str, gap: float
+) -> None:
+    """Ctrl-C twice (SIGINT to the terminal's process group, twice, `gap` seconds apart) during a step or during a
+    checkpoint's save of a 2-process run: `dsbuild train` ends within seconds, never waiting on torchrun, leaves no
+    rank behind and frees the folder's lock; it exits 75 when the checkpoint of this stop was written before the
+    second Ctrl-C, else 130, and its last line names the last verified checkpoint."""
+    from test_train import _rank_pid
+
+    from dsbuild.outputs.run_folder import lock
+
+    out = tmp_path / "run"
+    save_steps = 2 if during == "a save" else 100
+    argv = [*TWO[:2], "--set=training.max_steps=40", f"--set=training.save_steps={save_steps}", *TWO[4:]]
+    run = subprocess.Popen(
+        [sys.executable, "-m", "dsbuild", "train", *argv, f"--set=training.output_dir={json.dumps(str(out))}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and run.poll() is None:
+        if during == "a step" and len(_losses(out) if (out / "history.jsonl").exists() else {}) >= 3:
+            break
+        partial = [p for p in (out / "checkpoints").glob("global_step*") if not (p / manifest.MANIFEST).exists()]
+        if during == "a save" and partial and _losses(out):
+            break
+        time.sleep(0.02)
+    workers = [_rank_pid(rank, under=run.pid) for rank in (0, 1)]
+    before = manifest.last_complete(out / "checkpoints")
+    os.killpg(run.pid, signal.SIGINT)
+    time.sleep(gap)
+    os.killpg(run.pid, signal.SIGINT)
+    sent = time.monotonic()
+    _, err = run.communicate(timeout=120)
+    assert time.monotonic() - sent < 30, "a second Ctrl-C stops the run within seconds"
+    assert not [pid for pid in workers if pid is not None and _running(pid)]
+    with lock(out):  # free again
+        pass
+    saved = manifest.last_complete(out / "checkpoints")
+    last = err.strip().splitlines()[-1]
+    if saved is not None and saved != before:
+        assert run.returncode == RunStopped.EXIT_CODE, err[-3000:]
+        assert f"checkpoint {out}/checkpoints/{saved}" in last and "--resume continues" in last, last
+    else:
+        assert run.returncode == 130, err[-3000:]
+        where = f"checkpoint {out}/checkpoints/{saved} is the last verified one" if saved else "before any checkpoint"
+        assert last.startswith("dsbuild: a second Ctrl-C stopped the ranks at once") and where in last, last
+    assert "Traceback" not in err
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, ended and waiting to be reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False

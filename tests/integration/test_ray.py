@@ -23,9 +23,12 @@ FEW_STEPS = [
     "--set=training.save_steps=2",
     "--set=training.logging_steps=1",
     "--set=training.bf16=false",
+    "--set=model.lora.r=8",
+    '--set=model.lora.target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]',
 ]
-"""The demo job, 6 steps with a checkpoint every 2 (evaluation every 40 steps, so none), in fp32: a resume in bf16
-differs from the uninterrupted run by bf16's rounding (4e-5 of the loss two steps later), not by 1e-6."""
+"""The demo job with LoRA adapters (a set of target modules: its order follows each process's hash seed), 6 steps
+with a checkpoint every 2 (evaluation every 40 steps, so none), in fp32: a resume in bf16 differs from the
+uninterrupted run by bf16's rounding (4e-5 of the loss two steps later), not by 1e-6."""
 
 
 def test_without_ray_installed_the_backend_names_the_extra(
@@ -89,17 +92,45 @@ def _env() -> dict[str, str]:
 
 
 def _train(
-    out: Path, *args: str, wait: bool = True, cwd: Path | None = None
+    out: Path, *args: str, wait: bool = True, cwd: Path | None = None, seed: str = "1"
 ) -> subprocess.Popen[str] | subprocess.CompletedProcess[str]:
-    """``dsbuild train`` of the demo job on 2 processes, writing to ``out`` (relative to ``cwd`` when given)."""
+    """``dsbuild train`` of the demo job on 2 processes, writing to ``out`` (relative to ``cwd`` when given), its
+    processes (and Ray's workers, started from it) with the hash seed ``seed``."""
     command = [sys.executable, "-m", "dsbuild", "train", "--nproc-per-node", "2", *FEW_STEPS, *args]
     command.append(f"--set=training.output_dir={json.dumps(str(out))}")
+    env = {**_env(), "PYTHONHASHSEED": seed}
     if wait:
-        return subprocess.run(command, capture_output=True, text=True, env=_env(), timeout=900, cwd=cwd)
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(), cwd=cwd)
+        return subprocess.run(command, capture_output=True, text=True, env=env, timeout=900, cwd=cwd)
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd)
+
+
+def _ray_processes() -> set[int]:
+    """The processes of a local Ray cluster on this machine: Ray's workers (``ray::...``) and every process whose
+    command line names a Ray session folder (the GCS, the raylet, the dashboard and runtime-env agents)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                command = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if command.startswith(b"ray::") or b"/ray/session_" in command:
+                found.add(int(entry.name))
+    return found
+
+
+def _assert_nothing_left(before: set[int]) -> None:
+    """No process of the local Ray cluster a run started outlives it (within a few seconds of its end)."""
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and _ray_processes() - before:
+        time.sleep(0.2)
+    left = _ray_processes() - before
+    assert not left, [Path(f"/proc/{pid}/cmdline").read_bytes()[:120] for pid in left if Path(f"/proc/{pid}").exists()]
 
 
 def _losses(out: Path) -> dict[int, float]:
+    if not (out / "history.jsonl").is_file():
+        return {}
     return {int(h["step"]): float(h["loss"]) for h in read_history(out / "history.jsonl") if h.get("loss") is not None}
 
 
@@ -152,42 +183,59 @@ def _equal(got: dict[int, float], want: dict[int, float]) -> None:
 
 
 @pytest.mark.slow
-def test_rays_merged_checkpoint_verifies_and_resumes_exactly(tmp_path: Path, reference: dict[int, float]) -> None:
-    """A 4-step run under Ray leaves merged checkpoints in Ray's storage that dsbuild checkpoints verifies; --resume
-    to step 6 loads Ray's latest (global_step4) and gives the uninterrupted run's losses (warmup is 10 steps, so
-    steps 1-6 have the same learning rates whatever max_steps says). The output folder is given relative to the
-    command's folder, as the demo's default is: the workers (which Ray moves into folders of their own) write there."""
+def test_a_ctrl_c_stopped_ray_run_verifies_and_resumes_exactly(tmp_path: Path, reference: dict[int, float]) -> None:
+    """Ctrl-C (SIGINT to `dsbuild train`) of a LoRA run under Ray once step 3 is logged: the workers save at the next
+    step and stop (exit 75, the step after the signal at most), leaving merged checkpoints in Ray's storage that
+    dsbuild checkpoints verifies, and no process of the local cluster behind. --resume, in processes with another
+    hash seed, continues from the newest verified checkpoint and gives the uninterrupted run's losses. The output
+    folder is given relative to the command's folder, as the demo's default is: the workers (which Ray moves into
+    folders of their own) write there."""
     pytest.importorskip("ray")
     out = tmp_path / "out"
-    first = _train(Path("out"), "--backend", "ray", "--set=training.max_steps=4", cwd=tmp_path)
-    assert isinstance(first, subprocess.CompletedProcess)
-    assert first.returncode == 0, first.stderr[-3000:]
+    before = _ray_processes()
+    first = _train(Path("out"), "--backend", "ray", cwd=tmp_path, wait=False)
+    assert isinstance(first, subprocess.Popen)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and first.poll() is None and max(_losses(out), default=0) < 3:
+        time.sleep(0.1)
+    signalled_at = max(_losses(out))
+    first.send_signal(signal.SIGINT)
+    said, _ = first.communicate(timeout=600)
+    assert first.returncode == 75, said[-3000:]
+    stopped = max(_losses(out))
+    assert stopped <= signalled_at + 1 < 6, (signalled_at, stopped)  # no training on after the signal
+    assert f"checkpoint {out / 'checkpoints' / f'global_step{stopped}'} is this stop's" in said, said[-3000:]
+    assert not (out / "model").exists()  # a stopped run exports nothing
+    _assert_nothing_left(before)
     storage = out / "ray"
     listed = subprocess.run(
         [sys.executable, "-m", "dsbuild", "checkpoints", str(storage)], capture_output=True, text=True, timeout=300
     )
     assert listed.returncode == 0, listed.stdout + listed.stderr  # every checkpoint Ray merged verifies
-    assert "global_step4" in listed.stdout and "global_step2" in listed.stdout
+    assert "global_step2" in listed.stdout
 
-    again = _train(Path("out"), "--backend", "ray", "--resume", cwd=tmp_path)
+    again = _train(Path("out"), "--backend", "ray", "--resume", cwd=tmp_path, seed="2")
     assert isinstance(again, subprocess.CompletedProcess)
     assert again.returncode == 0, again.stderr[-3000:]
     said = again.stdout + again.stderr
-    assert f"resumed from {storage / 'checkpoints' / 'global_step4'} at step 4" in said, said[-3000:]
+    assert re.search(rf"resumed from \S+/checkpoints/global_step{stopped} at step {stopped}\n", said), said[-3000:]
     _equal(_losses(out), reference)
+    _assert_nothing_left(before)
 
 
 @pytest.mark.slow
 def test_a_lost_worker_without_restarts_fails_the_run_and_says_where_to_resume(tmp_path: Path) -> None:
     """launch.max_failures = 0 (the default) and a worker SIGKILLed after step 3: exit 1 with Ray's reason, and
-    where the checkpoints are for --resume; nothing hangs."""
+    where the checkpoints are for --resume; nothing hangs, and nothing of the local cluster is left running."""
     pytest.importorskip("ray")
     out = tmp_path / "out"
+    before = _ray_processes()
     child = _train(out, "--backend", "ray", wait=False)
     assert isinstance(child, subprocess.Popen)
     _kill_a_worker_after_step(out, 3, child)
     said, _ = child.communicate(timeout=600)
     assert child.returncode == 1, said[-3000:]
+    _assert_nothing_left(before)  # a failed run leaves no process of its local cluster either
     assert "dsbuild: error: training failed under Ray" in said
     assert re.search(r"^  (rank \d|Ray): \w+", said, re.MULTILINE), said[-3000:]  # what Ray gave up on
     assert "dsbuild train --resume continues from the latest" in said
@@ -207,7 +255,7 @@ def test_a_killed_worker_is_restarted_from_the_last_checkpoint(tmp_path: Path, r
     assert child.returncode == 0, said[-3000:]
     assert re.search(r"dsbuild: resumed from \S+/checkpoints/global_step[24] at step [24]\n", said), said[-3000:]
     _equal(_losses(out), reference)
-    assert (out / "model" / "config.json").is_file()
+    assert (out / "model" / "adapter_config.json").is_file() and (out / "model" / "base" / "config.json").is_file()
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ import json
 import math
 import string
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -501,3 +502,177 @@ def _hostile(draw: st.DrawFn, suffix: str) -> bytes:
 def file_bytes(suffix: str) -> st.SearchStrategy[bytes]:
     """The bytes of a ``suffix`` file: random, a damaged document in that format, or a hostile one."""
     return st.one_of(st.binary(max_size=512), _damaged(suffix), _hostile(suffix))
+
+
+# -- records as datasets hold them, and the options a job's [data] takes (the TRL differential) --------------------
+
+
+def trl_examples() -> int:
+    """Examples per TRL differential property: 300 in the ``ci`` profile, the profile's own count where it is larger
+    (``deep``: thousands)."""
+    from hypothesis import settings
+
+    return max(300, settings().max_examples)
+
+
+_EDGES = ["", " ", "  ", "\n", "\t", "\r\n", " \n", "\n\n", "\u3000"]
+"""What real data holds at either end of a text: nothing, spaces, line breaks, tabs, an ideographic space."""
+_INSIDE = ["</s>", "<|im_end|>", "<|im_start|>", "<pad>", "{% generation %}", "### Response:", "\u00e9", "e\u0301",
+           "\u4e2d\u6587", "\U0001f600", "def f():\n    return 1"]  # fmt: skip
+"""What real content may hold inside: a literal EOS, template markers, accents (composed and combining), CJK, emoji,
+code."""
+
+
+def content(*, allow_empty: bool = True) -> st.SearchStrategy[str]:
+    """A text field's content: words, unicode and markers inside, whitespace at either end, now and then long."""
+    words = st.text(alphabet=string.ascii_letters + string.digits + " .,?!'-", min_size=1, max_size=12)
+    anything = st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=6)
+    body = st.lists(st.one_of(words, words, anything, st.sampled_from(_INSIDE)), max_size=5).map("".join)
+    long = st.text(alphabet=string.ascii_lowercase + " \n", min_size=120, max_size=400)
+    text = st.builds(lambda a, b, c: a + b + c, st.sampled_from(_EDGES), st.one_of(body, body, body, long),
+                     st.sampled_from(_EDGES))  # fmt: skip
+    return text if allow_empty else text.filter(lambda t: t != "")
+
+
+def _turns(*, tools: bool) -> st.SearchStrategy[list[dict[str, str]]]:
+    """A conversation: maybe a system turn, then user/assistant pairs (a tool turn after an assistant now and then),
+    ending with the assistant."""
+    pair = st.tuples(content(allow_empty=False), content(), st.booleans() if tools else st.just(False))
+
+    def build(system: str | None, pairs: list[tuple[str, str, bool]]) -> list[dict[str, str]]:
+        turns = [{"role": "system", "content": system}] if system is not None else []
+        for i, (user, assistant, tool) in enumerate(pairs):
+            turns += [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
+            if tool and i < len(pairs) - 1:
+                turns.append({"role": "tool", "content": "42"})
+        return turns
+
+    return st.builds(build, st.none() | content(allow_empty=False), st.lists(pair, min_size=1, max_size=3))
+
+
+@attrs.frozen
+class DataCase:
+    """One drawn case of the TRL differential: dsbuild's records and [data] options, and the same data and options
+    as TRL's SFTTrainer takes them."""
+
+    format: str
+    records: list[dict[str, Any]]
+    trl_records: list[dict[str, Any]]
+    tokenizer: str
+    """``"fast"`` (the test's byte-like fast tokenizer) or ``"byt5"`` (transformers' ByT5Tokenizer, slow)."""
+    chat_template: str | None
+    max_length: int
+    packing: str | None
+    padding_free: bool
+    eos_token: str | None
+    loss: dict[str, bool]
+    """dsbuild's ``*_only_loss`` options as given (an absent one takes dsbuild's default)."""
+    trl_loss: dict[str, bool]
+    """The same for TRL's ``SFTConfig``."""
+    batch_size: int = 1
+    """Rows per collated batch."""
+
+
+def chat_templates() -> dict[str, str]:
+    """Chat templates with ``{% generation %}`` markers: dsbuild's fallback, and TRL's own Qwen2.5 and Llama 3
+    training templates (read from the installed TRL)."""
+    import trl
+
+    from dsbuild.job.formats import FALLBACK_CHAT_TEMPLATE
+
+    folder = Path(trl.__file__).parent / "chat_templates"
+    return {
+        "fallback": FALLBACK_CHAT_TEMPLATE,
+        "qwen2_5_training": (folder / "qwen2_5_training.jinja").read_text(encoding="utf-8"),
+        "llama3_training": (folder / "llama3_training.jinja").read_text(encoding="utf-8"),
+    }
+
+
+def _tokenized_record(ids: list[int], masks: tuple[bool, bool, bool], data: st.DataObject) -> dict[str, Any]:
+    record: dict[str, Any] = {"input_ids": ids}
+    labels, completion, attention = masks
+    n = len(ids)
+    if labels:
+        keep = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
+        record["labels"] = [i if k else -100 for i, k in zip(ids, keep, strict=True)]
+    if completion:
+        start = data.draw(st.integers(0, n))
+        record["completion_mask"] = [0] * start + [1] * (n - start)
+    if attention:
+        record["attention_mask"] = [1] * n
+    return record
+
+
+@st.composite
+def data_cases(draw: st.DrawFn, *, chat: bool) -> DataCase:
+    """A case for the TRL differential: conversations (``chat``) or not, each format with its options."""
+    from dsbuild.data import prompt_of
+
+    tokenizer = draw(st.sampled_from(["fast", "fast", "byt5"]))
+    if chat:
+        fmt = draw(st.sampled_from(["messages", "sharegpt", "prompt_completion"]))
+        tokenizer = "fast"  # TRL's assistant masks need a fast tokenizer's offsets
+    else:
+        fmt = draw(st.sampled_from(["text", "prompt_completion", "alpaca", "tokenized"]))
+    n = draw(st.integers(1, 8))
+    if fmt == "text":
+        records = [{"text": draw(content())} for _ in range(n)]
+        trl_records = records
+    elif fmt == "prompt_completion" and not chat:
+        records = [{"prompt": draw(content(allow_empty=False)), "completion": draw(content())} for _ in range(n)]
+        trl_records = records
+    elif fmt == "alpaca":
+        records = [
+            {"instruction": draw(content(allow_empty=False)), "input": draw(content()), "output": draw(content())}
+            for _ in range(n)
+        ]
+        trl_records = [{"prompt": prompt_of(r, "plain"), "completion": r["output"]} for r in records]
+    elif fmt == "tokenized":
+        masks = draw(st.tuples(st.booleans(), st.booleans(), st.booleans()))
+        data = draw(st.data())
+        records = [
+            _tokenized_record(draw(st.lists(st.integers(5, 260), min_size=1, max_size=120)), masks, data)
+            for _ in range(n)
+        ]
+        trl_records = records
+    else:
+        conversations = [draw(_turns(tools=fmt == "messages")) for _ in range(n)]
+        if fmt == "messages":
+            records = trl_records = [{"messages": c} for c in conversations]
+        elif fmt == "sharegpt":
+            # ShareGPT's role names become the template's (dsbuild's "sharegpt", LLaMA-Factory's); TRL converts
+            # only the keys (from/value), so its templates would see "human" and "gpt": TRL gets the messages.
+            names = {"user": "human", "assistant": "gpt", "system": "system"}
+            records = [
+                {"conversations": [{"from": names[t["role"]], "value": t["content"]} for t in c]} for c in conversations
+            ]
+            trl_records = [{"messages": c} for c in conversations]
+        else:  # conversational prompt/completion: the last assistant turn is the completion
+            records = trl_records = [{"prompt": c[:-1], "completion": c[-1:]} for c in conversations]
+    templates = chat_templates()
+    template = templates[draw(st.sampled_from(sorted(templates)))] if chat else None
+    packing = draw(st.sampled_from([None, None, "bfd", "bfd_split", "wrapped"]))
+    padding_free = draw(st.booleans()) if packing != "wrapped" else False
+    eos = draw(st.sampled_from([None, "<|im_end|>" if tokenizer == "fast" else "<extra_id_0>"]))
+    max_length = draw(st.sampled_from([8, 16, 32, 48, 64, 100, 160, 256, 512]))
+    loss: dict[str, bool] = {}
+    if chat:
+        loss["assistant_only_loss"] = draw(st.booleans())
+    if fmt in ("prompt_completion", "alpaca", "tokenized"):
+        completion = draw(st.sampled_from([None, True, False]))
+        if completion is not None:
+            loss["completion_only_loss"] = completion
+    return DataCase(
+        format=fmt,
+        records=records,
+        trl_records=trl_records,
+        tokenizer=tokenizer,
+        chat_template=template,
+        max_length=max_length,
+        packing=packing,
+        padding_free=padding_free,
+        eos_token=eos,
+        loss=loss,
+        trl_loss=dict(loss),
+        batch_size=draw(st.integers(1, 4)),
+    )

@@ -87,7 +87,8 @@ def test_alpaca_records_from_json_lines_and_from_an_array(tmp_path: Path) -> Non
 
 
 def test_every_bad_record_is_named(tmp_path: Path) -> None:
-    """Line numbers and field names, all in one error that names the file."""
+    """Line numbers and field names, all in one error that names the file (an empty output is not one: as in TRL,
+    the model learns the end-of-sequence token from it)."""
     path = write(
         tmp_path / "bad.jsonl",
         [{"instruction": "x", "output": "y"}, {"instruction": "x"}, [1, 2], {"instruction": 3, "output": "y"},
@@ -100,7 +101,6 @@ def test_every_bad_record_is_named(tmp_path: Path) -> None:
         "line 2: field 'output': expected a string, it is missing or null",
         "line 3: expected a JSON object, got list",
         "line 4: field 'instruction': expected a string, got int",
-        "line 6: field 'output': empty (there would be nothing to learn)",
     ]
     broken = write(tmp_path / "broken.jsonl", ['{"text": "a"}', '{"text": '])
     with pytest.raises(ConfigError, match=r"line 2: invalid JSON at column 10"):
@@ -127,7 +127,6 @@ def test_bad_prompt_completion_and_tokenized_records_are_named(tmp_path: Path) -
         "line 2: field 'completion': expected a string, it is missing or null",
         "line 3: field 'completion': expected a list of messages, got str",
         "line 4: completion[0].role: got 'robot', expected one of 'system', 'developer', 'user', 'assistant', 'tool'",
-        "line 5: field 'completion': empty (there would be nothing to learn)",
     ]
     path = write(
         tmp_path / "tok.jsonl",
@@ -142,13 +141,12 @@ def test_bad_prompt_completion_and_tokenized_records_are_named(tmp_path: Path) -
         "line 3: field 'labels': 1 values for 2 input_ids",
         "line 4: labels[0]: got -5, expected a token id >= 0 or -100",
         "line 5: attention_mask[1]: got 2, expected 0 or 1",
-        "line 6: field 'labels': no label to train on (there would be nothing to learn)",
-        "line 7: field 'input_ids': empty (there would be nothing to learn)",
-    ]
+    ]  # labels with nothing trained, and no ids, are taken as TRL takes them (such a sample is left out)
     (given,) = read_records(
-        write(tmp_path / "ok.jsonl", [{"input_ids": [5, 6], "attention_mask": [1, 1]}]), "tokenized"
+        write(tmp_path / "ok.jsonl", [{"input_ids": [5, 6], "attention_mask": [1, 1], "completion_mask": [0, 1]}]),
+        "tokenized",
     )
-    assert given == {"input_ids": [5, 6], "labels": [5, 6]}
+    assert given == {"input_ids": [5, 6], "labels": None, "completion_mask": [0, 1]}
 
 
 # -- the loss, token by token -----------------------------------------------------------------------------------
@@ -173,7 +171,8 @@ def test_alpaca_loss_is_on_the_response_and_eos_only(tok: Any) -> None:
 
 
 def test_chat_loss_is_on_the_assistant_turns_only(tok: Any) -> None:
-    """messages and sharegpt render through the fallback ChatML template; only the assistant turns are learnt."""
+    """With assistant_only_loss, messages and sharegpt render through the fallback ChatML template and only the
+    assistant turns are learnt (a slow tokenizer: the turns are found by rendering turn by turn)."""
     turns = [
         ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n", False),
         ("4<|im_end|>\n", True),
@@ -183,15 +182,19 @@ def test_chat_loss_is_on_the_assistant_turns_only(tok: Any) -> None:
     expected_labels = [
         x for text, trained in turns for x in (ids(text) if trained else [IGNORE_INDEX] * len(ids(text)))
     ]
-    (sample,) = tokenize([{"messages": CHAT}], tok, "messages", max_length=256).samples
+    (sample,) = tokenize([{"messages": CHAT}], tok, "messages", max_length=256, assistant_only_loss=True).samples
     assert sample["input_ids"] == ids("".join(text for text, _ in turns))
     assert sample["labels"] == expected_labels
     sharegpt = {"conversations": [{"from": {"user": "human", "assistant": "gpt"}.get(m["role"], m["role"]),
                                    "value": m["content"]} for m in CHAT]}  # fmt: skip
-    (shared,) = tokenize(read_like([sharegpt], "sharegpt"), tok, "sharegpt", max_length=256).samples
+    (shared,) = tokenize(
+        read_like([sharegpt], "sharegpt"), tok, "sharegpt", max_length=256, assistant_only_loss=True
+    ).samples
     assert shared == sample
     own = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}"
-    (mine,) = tokenize([{"messages": CHAT[1:3]}], tok, "messages", max_length=256, chat_template=own).samples
+    (mine,) = tokenize(
+        [{"messages": CHAT[1:3]}], tok, "messages", max_length=256, chat_template=own, assistant_only_loss=True
+    ).samples
     assert mine["input_ids"] == ids("user: 2+2?\nassistant: 4\n")
     assert mine["labels"] == [IGNORE_INDEX] * len(ids("user: 2+2?\nassistant: ")) + ids("4\n")
     (everything,) = tokenize([{"messages": CHAT}], tok, "messages", max_length=256, train_on_prompt=True).samples
@@ -302,7 +305,7 @@ def test_packed_samples_do_not_attend_to_each_other(tok: Any) -> None:
     (packed,) = pack(alone, max_length=64)
     batch = collate([packed, {**packed, "input_ids": packed["input_ids"][:5], "labels": packed["labels"][:5],
                               "position_ids": packed["position_ids"][:5]}])  # fmt: skip
-    assert "attention_mask" not in batch and batch["position_ids"][1].tolist()[5:8] == [0, 1, 2]
+    assert "attention_mask" not in batch and batch["position_ids"][1].tolist()[5:8] == [0, 0, 0]  # TRL's padding
     with torch.no_grad():
         logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits[0]
         start = 0
@@ -405,11 +408,12 @@ def test_cut_and_packed_data_says_so_in_numbers(tmp_path: Path, tok: Any) -> Non
     data = loaded(path, tok, tmp_path / "cache", template="plain", max_length=16)
     assert data.note == (
         "3 of 4 training samples cut at max_length 16, by 1/19/29 tokens (min/median/max; the longest is 45); "
-        "2 training samples left out: max_length 16 cut away every token they train on (their prompts are 31/36/41 tokens)"
+        "2 training samples left out: no token of theirs is trained on (max_length 16 cut it away, or they had none; "
+        "their prompts are 31/36/41 tokens), as TRL leaves them out"
     )
     packed = loaded(path, tok, tmp_path / "cache", template="plain", max_length=16, packing=True)
-    assert [len(s["input_ids"]) for s in packed.train] == [16, 9]
-    assert "2 training samples packed (bfd) into 2 sequences of up to 16 tokens (78% full)" in packed.note
+    assert [len(s["input_ids"]) for s in packed.train] == [16, 16, 16, 9]  # TRL packs the untrained ones too
+    assert "4 training samples packed (bfd) into 4 sequences of up to 16 tokens (89% full)" in packed.note
 
 
 # -- bad data: named by file and line, before anything trains -------------------------------------------------
@@ -435,9 +439,9 @@ def test_bad_records_are_named_in_every_file_type(tmp_path: Path, tok: Any) -> N
     ]
     assert check(spec(tmp_path / "a.parquet", columns={"output": "answer"}), cache_dir=str(tmp_path / "c")) is None
     bad_csv = tmp_path / "a.csv"
-    bad_csv.write_text('instruction,input,output\n"two\nlines",,4\nx,y,\n')
+    bad_csv.write_text('instruction,input,answer\n"two\nlines",,4\n')  # a CSV's empty field is "" (allowed)
     e = error(check, spec(bad_csv), cache_dir=str(tmp_path / "c"))
-    assert [str(p) for p in e.problems] == ["line 4: field 'output': empty (there would be nothing to learn)"]
+    assert next(str(p) for p in e.problems) == "line 2: field 'output': expected a string, it is missing or null"
 
 
 def test_wrong_types_broken_json_and_empty_files(tmp_path: Path, tok: Any) -> None:
@@ -450,7 +454,6 @@ def test_wrong_types_broken_json_and_empty_files(tmp_path: Path, tok: Any) -> No
         "line 2: messages[0].content: expected a string, got list",
         "line 3: field 'messages': expected a list of messages, got str",
         "line 4: messages[0].role: got 'bot', expected one of 'system', 'developer', 'user', 'assistant', 'tool'",
-        "line 5: field 'messages': no assistant turn with content (there would be nothing to learn)",
     ]
     sharegpt = write(
         tmp_path / "s.jsonl", [{"conversations": [{"from": "human", "value": "a"}, {"from": "bot", "value": "b"}]}]
@@ -492,12 +495,13 @@ def test_deeply_nested_json_is_refused_before_a_parser_sees_it(tmp_path: Path, t
 
 
 def test_records_with_nothing_to_train_on(tmp_path: Path, tok: Any) -> None:
-    """Some empty texts are named by line; all empty is one error for the file; all cut away gives the lengths."""
+    """An empty text is a sample of its EOS, kept as TRL keeps it; data none of whose samples trains a token (after
+    position 0) is one error for the file; all cut away gives the lengths."""
     some = write(tmp_path / "some.jsonl", [{"text": "a"}, {"text": ""}])
-    e = error(check, spec(some, "text"), cache_dir=str(tmp_path / "c"))
-    assert [str(p) for p in e.problems] == ["line 2: field 'text': empty (there would be nothing to learn)"]
+    assert check(spec(some, "text"), cache_dir=str(tmp_path / "c")) is None
+    assert [x["input_ids"] for x in samples(loaded(some, tok, tmp_path / "c", "text").train)] == [[*ids("a"), 1], [1]]
     every = write(tmp_path / "all.jsonl", [{"text": ""}] * 8)
-    e = error(check, spec(every, "text"), cache_dir=str(tmp_path / "c"))
+    e = error(loaded, every, tok, tmp_path / "c", "text")
     assert str(e).startswith(f"data.path: {every}: none of its 8 samples has a token to train on")
     long = write(tmp_path / "long.jsonl", [{"instruction": "x" * n, "output": "y" * m} for n, m in ((70, 2), (90, 5), (120, 9))])  # fmt: skip
     e = error(loaded, long, tok, tmp_path / "c", template="plain", max_length=64)
@@ -545,7 +549,7 @@ def test_collate_pads_and_masks() -> None:
     assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
     assert batch["labels"].tolist() == [[-100, 6, 7], [8, -100, -100]]
-    assert batch["position_ids"].tolist() == [[0, 1, 2], [0, 1, 2]]  # every batch has them (sequence parallelism)
+    assert batch["position_ids"].tolist() == [[0, 1, 2], [0, 0, 0]]  # every batch has them; padding 0, as TRL's
     assert batch["input_ids"].dtype == torch.long
     free = collate(
         [{"input_ids": [5, 6, 7], "labels": [5, 6, 7]}, {"input_ids": [8, 9], "labels": [8, 9]}], padding_free=True
@@ -564,7 +568,30 @@ def test_an_untrained_end_of_turn_is_warned_about(tok: Any) -> None:
         "{% for m in messages %}{% if not loop.first %}<|end|>\n{% endif %}{{ m.role }}: {{ m.content }}{% endfor %}"
         "{% if add_generation_prompt %}<|end|>\nassistant: {% endif %}"
     )
-    warning = stop_untrained(tok, Encoding("messages", 64, chat_template=late))
+    warning = stop_untrained(tok, Encoding("messages", 64, chat_template=late, assistant_only_loss=True))
     assert warning is not None and "end-of-turn" in warning
-    assert stop_untrained(tok, Encoding("messages", 64)) is None
+    assert stop_untrained(tok, Encoding("messages", 64, assistant_only_loss=True)) is None
     assert stop_untrained(tok, Encoding("messages", 64, chat_template=late, assistant_only_loss=False)) is None
+
+
+def test_load_of_a_job_holds_out_what_its_run_holds_out(tmp_path: Path, tok: Any) -> None:
+    """load(job, tokenizer) draws an eval_split with the job's training.seed, as dsbuild train does; a DataSpec
+    alone draws with 42 (training.seed's default), so another seed holds out other records."""
+    from dsbuild.job import Job
+
+    records = [{"text": f"note {i}"} for i in range(40)]
+    (tmp_path / "notes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    table = {
+        "model": {"config": {"model_type": "llama"}, "tokenizer": "byte"},
+        "data": {"path": "notes.jsonl", "format": "text", "eval_split": 0.25},
+        "training": {"seed": 7, "max_steps": 1},
+        "strategy": {"config": "zero2"},
+    }
+    job = Job.from_dict(table, base_dir=tmp_path)
+    cache = str(tmp_path / "cache")
+
+    def held_out(data: Any) -> list[list[int]]:
+        return [list(row["input_ids"]) for row in data.evaluation]
+
+    assert held_out(load(job, tok, cache_dir=cache)) == held_out(load(job.data, tok, seed=7, cache_dir=cache))
+    assert held_out(load(job.data, tok, cache_dir=cache)) != held_out(load(job, tok, cache_dir=cache))

@@ -57,12 +57,13 @@ def problems(path: Path, **overrides: Any) -> list[str]:
 
 def test_demo_job_is_complete_and_clean() -> None:
     """The packaged demo: a from-config Llama, byte tokenizer, ZeRO-3 completed by its training arguments, no diagnostics."""
-    job = load_job(demo_job_path())
+    job = load_job(None)
     assert job.model.config is not None and job.model.config["model_type"] == "llama"
     assert job.model.tokenizer == "byte" and job.model.hidden_size == 128
     assert job.data.path == DEMO_DATA and job.data.format == "alpaca" and job.data.template == "plain"
     assert job.strategy.ref == "preset zero3" and job.launch == LaunchSpec()
-    assert job.output_dir == Path("out/demo")
+    assert job.output_dir == Path.cwd() / "out" / "demo"  # the demo writes under the current folder
+    assert load_job(demo_job_path()).output_dir == demo_job_path().parent / "out" / "demo"  # a file: beside it
     assert job.validate() == []
     d = job.config.to_dict()
     assert d["optimizer"] == {

@@ -321,6 +321,18 @@ def test_sequence_parallelism_divides_every_activation_part() -> None:
     assert (two.layer_inputs, two.layers, two.logits) == (one.layer_inputs // 2, one.layers // 2, one.logits // 2)
 
 
+def test_the_activation_note_says_the_sequence_parallel_degree_it_planned_for() -> None:
+    """The plan's note on activations says what it divided them by (docs and figures agree): 1/8 of every sequence
+    with sequence_parallel=8, none without."""
+    from dsbuild import plan
+
+    model = {"model_type": "llama", **SMALL}
+    eight = " ".join(plan(model=model, sequence_parallel=8).notes)
+    assert "each GPU holds 1/8 of every sequence (Ulysses sequence parallelism)" in eight
+    assert "no sequence parallelism" not in eight
+    assert "no sequence parallelism; no tensor parallelism" in " ".join(plan(model=model).notes)
+
+
 def test_each_row_gives_the_largest_micro_batch_that_fits_the_gpu(tmp_path: Path) -> None:
     """A row's max_micro_batch is the most sequences whose activations fit beside its states and the headroom:
     planned at that micro-batch the row's GPU total fits, one more does not."""
