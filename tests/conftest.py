@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from dsbuild.job import demo_job_path
 
@@ -76,3 +78,28 @@ def tiny_job(tmp_path: Path) -> Callable[..., Path]:
         return path
 
     return write
+
+
+# -- Hypothesis profiles --------------------------------------------------------------------------------------------
+# "ci" (the default: a fixed seed, so every run draws the same examples; 100 examples, each test may ask for more or
+# fewer), "deep" (thousands of examples from a fresh seed: run before a release, docs/jobs.md) and "dev" (quick, for
+# editing). A failure prints the falsifying example and the blob that replays it (``@reproduce_failure``); the example
+# becomes an ``@example`` of the test. Choose one with ``HYPOTHESIS_PROFILE=deep pytest``.
+
+settings.register_profile(
+    "ci",
+    max_examples=100,
+    deadline=None,
+    derandomize=True,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile(
+    "deep",
+    max_examples=3000,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile("dev", max_examples=20, deadline=None, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

@@ -68,12 +68,13 @@ class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
 
 
 class _Escaped(logging.Formatter):
-    """``dsbuild: ...``, and ``dsbuild: warning: ...`` for a warning or worse, as the CLI's own ``warning``."""
+    """``dsbuild: ...``; ``dsbuild: warning: ...`` and ``dsbuild: error: ...`` for those levels, as the CLI's own."""
 
     def format(self, record: logging.LogRecord) -> str:
         text = escape_lines(super().format(record))
         if record.levelno >= logging.WARNING:
-            return text.replace("dsbuild: ", "dsbuild: warning: ", 1)
+            level = "error" if record.levelno >= logging.ERROR else "warning"
+            return text.replace("dsbuild: ", f"dsbuild: {level}: ", 1)
         return text
 
 

@@ -26,13 +26,13 @@ def micro_batches(
     """One process's micro-batches in an epoch of ``samples``: a ``DistributedSampler`` pads each rank's share to
     ``ceil(samples / world_size)``; the last micro-batch is short, or dropped with ``dataloader_drop_last``.
 
-    A tensor-parallel group's ranks read the same share (the sampler has ``world_size / tensor_parallel`` replicas);
-    a sequence-parallel group's ranks each take a shard of every micro-batch of the group (``sequence_parallel``
-    times their own), as the HF Trainer counts them.
+    A tensor- or sequence-parallel group's ranks read the same micro-batches (the sampler has ``world_size /
+    (tensor_parallel x sequence_parallel)`` replicas; each rank of a sequence-parallel group takes its shard of each),
+    so the run steps through the data as the same run without them does.
     """
-    share = math.ceil(samples / max(world_size // tensor_parallel, 1))  # a degree that does not divide: validate's
-    own = share // micro_batch if drop_last else math.ceil(share / micro_batch)
-    return own * sequence_parallel
+    replicas = max(world_size // (tensor_parallel * sequence_parallel), 1)  # a degree that does not divide: validate's
+    share = math.ceil(samples / replicas)
+    return share // micro_batch if drop_last else math.ceil(share / micro_batch)
 
 
 def optimizer_steps(micro_batches: int, accumulation: int, *, max_steps: int = -1, epochs: float = 1.0) -> int:

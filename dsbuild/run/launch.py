@@ -221,6 +221,8 @@ def torchrun_env(nodes: Nodes, env: Mapping[str, str]) -> dict[str, str]:
 
 HARD_STOP_SECONDS: Final = 10
 """How long a second Ctrl-C lets the ranks and torchrun go before they are killed."""
+FAILURE_GRACE_SECONDS: Final = 15
+"""How long the other ranks have to end once a rank failed, before they are killed (a frozen one never would)."""
 
 
 def torchrun(
@@ -247,7 +249,7 @@ def torchrun(
         preexec_fn=_die_with_parent,
     )
     relay = _Relay(child, own_log, custom_prefix="TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE" in {**os.environ, **env})
-    stop = _Stop(child, folder)
+    stop = _Stop(child, folder, log_dir, before)
     handlers = {number: signal.signal(number, stop.receive) for number in _FORWARDED}
     try:
         code = stop.wait()
@@ -288,13 +290,16 @@ def _die_with_parent() -> None:
 class _Stop:
     """The signals ``dsbuild train`` receives while torchrun runs, and what they make of the run."""
 
-    def __init__(self, child: subprocess.Popen[bytes], folder: RunFolder) -> None:
+    def __init__(self, child: subprocess.Popen[bytes], folder: RunFolder, log_dir: Path, before: set[str]) -> None:
         self.child, self.folder = child, folder
         self.first: signal.Signals | None = None
         self.saved_before: str | None = None
         """The newest verified checkpoint when the first signal came: a newer one is this stop's."""
         self.hard = False
         self.deadline: float | None = None
+        self.log_dir, self.before = log_dir, before
+        """torchrun's log folder, and the runs in it before this one: where a failed rank's error file appears."""
+        self.failed = False
 
     def receive(self, number: int, _: object) -> None:
         received = signal.Signals(number)
@@ -318,6 +323,11 @@ class _Stop:
                 pass
             except KeyboardInterrupt:  # a handler above is in place; this is only the instant before it
                 continue
+            if not self.failed and self.first is None and self._a_rank_failed():
+                # A rank failed (its collective timed out, say): torchrun stops the others with SIGTERM, and waits
+                # for them up to its shutdown timeout; one that is frozen (SIGSTOP, a hang) never answers.
+                self.failed = True
+                self.deadline = time.monotonic() + FAILURE_GRACE_SECONDS
             if self.hard or (self.deadline is not None and time.monotonic() > self.deadline):
                 self.hard = True
                 _kill_tree(self.child)
@@ -325,6 +335,16 @@ class _Stop:
                     return int(self.child.wait(timeout=HARD_STOP_SECONDS))
                 except subprocess.TimeoutExpired:
                     return -int(signal.SIGKILL)
+
+    def _a_rank_failed(self) -> bool:
+        """Whether a rank of this run wrote an error file that is not an agreed stop's (``RunStopped``)."""
+        for error in self.log_dir.glob("*/attempt_*/*/error.json"):
+            if error.parents[2].name in self.before:
+                continue
+            _, message = _recorded_error(error.parent)
+            if message and not message.startswith(f"{RunStopped.__name__}: "):
+                return True
+        return False
 
     def outcome(self, ranks_said: str | None) -> tuple[int, list[str]]:
         """The exit code and line of a run a signal stopped: 75 when this stop's checkpoint exists, else 128 + the

@@ -302,9 +302,10 @@ def run_worker(config: Mapping[str, Any]) -> None:
     own = manifest.last_complete(folder.checkpoints)
     rays = Path(checkpoint.path).name if checkpoint is not None else None
     restore = _local(checkpoint, job) if rays is not None and _step(rays) >= _step(own) else None
-    hooks = Hooks(
-        restore=restore, after_save=_report, save_requested=_Preemption(), stop_requested=_StopRequest(folder)
-    )
+    from ..session.loop import Hooks as SessionHooks
+
+    on_session = SessionHooks(after_save=_report, save_requested=_Preemption(), stop_requested=_StopRequest(folder))
+    hooks = Hooks(restore=restore, session=on_session)
     try:
         run(job, resume=config["resume"] or own is not None, terminate_on_nan=config["terminate_on_nan"], hooks=hooks)
     except RunStopped:

@@ -29,7 +29,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
@@ -44,6 +44,9 @@ from ..outputs.run_folder import RunFolder
 from ..resolve.batch import degrees
 from ..resolve.schedule import micro_batches, optimizer_steps, steps_between
 from .model import build_tokenizer, model_source, vocab_size
+
+if TYPE_CHECKING:
+    from ..session.loop import Hooks as SessionHooks
 
 logger = logging.getLogger("dsbuild")
 
@@ -65,12 +68,8 @@ class Hooks:
     restore: Path | None = None
     """A checkpoint's folder (``.../global_stepN``) to resume from, verified as ``--resume`` verifies: the
     launcher's latest checkpoint (Ray's, after a restart). It comes before ``resume``."""
-    after_save: Callable[[Path], None] | None = None
-    """``Session.after_save``: given each saved checkpoint's folder, on every rank."""
-    save_requested: Callable[[], bool] | None = None
-    """``Session.save_requested``: asked after each step, on every rank; ``True`` saves a checkpoint now."""
-    stop_requested: Callable[[], str | None] | None = None
-    """``Session.stop_requested``: asked at each step, on every rank; a reason stops the run there, with a checkpoint."""
+    session: SessionHooks | None = None
+    """The session's hooks (``dsbuild.session.loop.Hooks``): a call after each save, a save or a stop asked for."""
 
 
 @attrs.frozen
@@ -309,9 +308,9 @@ def _run(
     ready = prepare(job, data)
     session = ready.session
     session.terminate_on_nan = terminate_on_nan
-    session.after_save, session.save_requested = hooks.after_save, hooks.save_requested
-    session.stop_requested = hooks.stop_requested
-    session.stop_on_interrupt = True  # dsbuild train: the first Ctrl-C saves at the next step, a second stops at once
+    if hooks.session is not None:
+        session.hooks = attrs.evolve(hooks.session)
+    session.hooks.stop_on_interrupt = True  # dsbuild train: the first Ctrl-C saves at the next step, a second stops
     checkpoint = session.config.checkpoint
     if distributed.world_size() > 1 and not (checkpoint is not None and checkpoint.use_node_local_storage is True):
         from ..session.checkpoints import require_shared

@@ -24,9 +24,22 @@ from ..errors import CheckpointError, SessionError
 from ..outputs import manifest
 from . import distributed, universal, weights_only
 
-__all__ = ["load", "require_shared", "save"]
+__all__ = ["load", "position_state", "require_shared", "save"]
 
 logger = logging.getLogger("dsbuild")
+
+
+def position_state(engine: Any, position: Any) -> dict[str, Any]:
+    """This process's place in training, all JSON: its steps, its data position (``batches.DataPosition``), and its
+    RNG states."""
+    return {
+        "global_step": int(engine.global_steps),
+        "micro_steps": int(engine.micro_steps),
+        "epoch": position.epoch,
+        "batch_in_epoch": position.batch_in_epoch,
+        "epoch_rng": weights_only.encode_tensor(position.epoch_rng),
+        "rng": weights_only.rng_state(),
+    }
 
 
 def save(

@@ -1,5 +1,7 @@
-"""What ``Session.fit`` shows and listens for as it trains: the progress, the stop signals, and the messages a stop
-gives (its run's length and ``Schedule`` come from ``dsbuild.resolve.schedule``). Nothing here holds a session."""
+"""The pieces of ``Session.fit``'s loop: one optimizer step (``optimizer_step``), what it records of each step
+(``Recorder``: the returned records, ``history.jsonl``, DeepSpeed's monitors, the progress), what it listens for
+(``StopSignals``) and the stops it makes (``stopped``, ``non_finite``). The run's length and its ``Schedule`` come
+from ``dsbuild.resolve.schedule``."""
 
 from __future__ import annotations
 
@@ -9,15 +11,26 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
+
+import attrs
 
 from ..errors import NonFiniteLossError
 from ..outputs import manifest
 from ..outputs.run_folder import RunFolder
 
-__all__ = ["LAUNCHER_LOST", "LAUNCHER_PID", "Progress", "StopSignals", "non_finite", "stop_code", "stop_name"]
+__all__ = [
+    "LAUNCHER_LOST",
+    "LAUNCHER_PID",
+    "Hooks",
+    "Progress",
+    "StopSignals",
+    "non_finite",
+    "stop_code",
+    "stop_name",
+]
 
 logger = logging.getLogger("dsbuild")
 
@@ -115,6 +128,12 @@ class StopSignals:
         for number, handler in self.before.items():
             signal.signal(number, handler)
 
+    def __enter__(self) -> StopSignals:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.restore()
+
 
 def _progress_line(record: Mapping[str, Any], target: int, started: float, done: int) -> str:
     """``step 40/240  loss 1.2433  lr 2.65e-03  tokens/s 1830  eta 3m20s``: what a log file shows of a step."""
@@ -140,3 +159,22 @@ def non_finite(
         "Look for samples without a trainable token, a learning rate too high, or fp16 overflow; "
         "terminate_on_nan=False (dsbuild train --no-terminate-on-nan) trains on regardless"
     )
+
+
+# -- what fit does at each step -----------------------------------------------------------------------------------
+
+
+@attrs.define
+class Hooks:
+    """What a launcher adds to a session's ``fit`` (``Session.hooks``; Ray's backend: ``dsbuild.run.ray_train``)."""
+
+    after_save: Callable[[Path], None] | None = None
+    """Called on every process with a checkpoint's folder once it is saved and verified (collective when it is)."""
+    save_requested: Callable[[], bool] | None = None
+    """Asked on every process after each optimizer step; ``True`` saves a checkpoint now and trains on."""
+    stop_requested: Callable[[], str | None] | None = None
+    """Asked on every process at each optimizer step: a reason (``"SIGINT to dsbuild train"``) stops ``fit`` there as a
+    signal does, with a checkpoint (Ray's backend: its driver's request, which no signal carries)."""
+    stop_on_interrupt: bool = False
+    """A first Ctrl-C stops ``fit`` as SIGTERM does, with a checkpoint at the next step; a second raises
+    ``KeyboardInterrupt`` at once. Off: Ctrl-C is Python's ``KeyboardInterrupt`` (``dsbuild train`` turns it on)."""

@@ -8,9 +8,11 @@ attends over the whole sequence with a share of the heads. What it takes, and wh
 - the attention: DeepSpeed registers its wrapper in place of the model's own implementation (sdpa, flash
   attention, flex attention; ``eager`` materializes the whole mask and is refused, with DeepSpeed's reason);
 - the process groups: the ``mpu`` that registration returns goes to ``deepspeed.initialize``;
-- the data: ``UlyssesSPDataLoaderAdapter`` gathers one micro-batch from each rank of the group and hands every rank
-  its shard of each in turn, labels pre-shifted (``shift_labels``) so no target is lost at a shard's edge; every
-  batch needs ``position_ids`` (dsbuild's ``collate`` writes them, padded to a multiple of the degree);
+- the data: every rank of a group reads the same micro-batches (one data-parallel replica's), and takes its shard
+  of each, labels pre-shifted (``shift_labels``) so no target is lost at a shard's edge; every batch needs
+  ``position_ids`` (dsbuild's ``collate`` writes them, padded to a multiple of the degree). DeepSpeed's own
+  ``UlyssesSPDataLoaderAdapter`` has each rank read its own and the group take them in turn, which groups the samples
+  of micro-batches of more than one row into other optimizer steps than the run without sequence parallelism;
 - the loss: each rank's shard loss is its tokens' summed loss over the optimizer step's trained tokens, counted
   over every rank (the HF Trainer's ``num_items_in_batch``), so the step's loss and gradients are those of the same
   samples without sequence parallelism.
@@ -23,7 +25,7 @@ from typing import Any
 
 from ..errors import SessionError
 
-__all__ = ["SequenceShards", "loss_scale", "refusal", "register", "whole_batch_loss"]
+__all__ = ["SequenceShards", "loss_scale", "refusal", "register", "unregister", "whole_batch_loss"]
 
 
 def problems(config: Any, sp: int, world_size: int, attn: str | None = None) -> list[str]:
@@ -56,21 +58,61 @@ def problems(config: Any, sp: int, world_size: int, attn: str | None = None) -> 
     return found
 
 
+_CORE_ATTENTION: dict[str, Any] = {}
+"""transformers' own attention functions DeepSpeed's registration replaced, by implementation name: a later session in
+the process wraps the core function again (not DeepSpeed's wrapper of it), or, without sequence parallelism, gets it
+back (``unregister``)."""
+
+
 def register(model: Any, sp: int, micro_batch_size: int, world_size: int) -> Any:
     """DeepSpeed's Ulysses attention in place of the model's, and the process groups (the ``mpu`` for
-    ``deepspeed.initialize``); ``SessionError`` naming every reason it cannot."""
+    ``deepspeed.initialize``); ``SessionError`` naming every reason it cannot. A second session in the process (a
+    reference model, another run) takes the groups the first made, of the same degree."""
     found = problems(getattr(model, "config", None), sp, world_size)
     if found:
         raise SessionError("sequence_parallel_size: " + "; ".join(found))
+    import deepspeed.runtime.sequence_parallel.parallel_state_sp as mpu
     from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    return UlyssesSPAttentionHF.register_with_transformers(
-        model_name_or_path=model,
-        core_attn_implementation=model.config._attn_implementation,
-        sequence_parallel_size=sp,
-        micro_batch_size=micro_batch_size,
-        seq_length_is_variable=True,
-    )
+    implementation = model.config._attn_implementation
+    if implementation in _CORE_ATTENTION:
+        ALL_ATTENTION_FUNCTIONS[implementation] = _CORE_ATTENTION[implementation]
+    else:
+        _CORE_ATTENTION[implementation] = ALL_ATTENTION_FUNCTIONS[implementation]
+
+    def register_now() -> Any:
+        return UlyssesSPAttentionHF.register_with_transformers(
+            model_name_or_path=model,
+            core_attn_implementation=implementation,
+            sequence_parallel_size=sp,
+            micro_batch_size=micro_batch_size,
+            seq_length_is_variable=True,
+        )
+
+    if mpu._SEQUENCE_PARALLEL_GROUP is None:
+        return register_now()
+    if mpu.get_sequence_parallel_world_size() != sp:
+        raise SessionError(
+            f"sequence_parallel_size {sp}: this process already runs sequence parallelism of degree "
+            f"{mpu.get_sequence_parallel_world_size()} (one degree per process)"
+        )
+    initialize = mpu.initialize_sequence_parallel
+    mpu.initialize_sequence_parallel = lambda **_: None  # the groups exist: DeepSpeed would refuse to make them again
+    try:
+        return register_now()
+    finally:
+        mpu.initialize_sequence_parallel = initialize
+
+
+def unregister(model: Any) -> None:
+    """transformers' own attention back for ``model``'s implementation, where an earlier session of the process
+    registered DeepSpeed's Ulysses attention in its place (a session without sequence parallelism)."""
+    implementation = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if implementation in _CORE_ATTENTION:
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        ALL_ATTENTION_FUNCTIONS[implementation] = _CORE_ATTENTION[implementation]
 
 
 def group() -> tuple[Any, int, int]:
@@ -85,13 +127,15 @@ def group() -> tuple[Any, int, int]:
 
 
 class SequenceShards:
-    """A DataLoader's micro-batches as the ranks of a sequence-parallel group take them: each micro-batch of each rank
-    of the group in turn, every rank its shard of the sequence, labels pre-shifted (``shift_labels``).
+    """A DataLoader's micro-batches as a rank of a sequence-parallel group takes them: every rank of the group reads
+    the same micro-batches (one data-parallel replica's, ``Session.data_loader``), and takes its shard of the
+    sequence of each, labels pre-shifted (``shift_labels``) so no target is lost at a shard's edge.
 
-    What DeepSpeed's ``UlyssesSPDataLoaderAdapter`` does, with two differences: the group's micro-batches are padded
-    on the right to one length, a multiple of the degree, before they are gathered (gloo gathers only equal shapes;
-    the padding is never a target and, after every real token, never attended to by one); and a short micro-batch
-    (an epoch's last) gets rows that train nothing up to ``rows``, the batch size DeepSpeed's attention was built for.
+    What DeepSpeed's ``UlyssesSPDataLoaderAdapter`` does, with two differences. Its ranks read different micro-batches
+    and the group takes them one after another, so a run of micro-batches of more than one row groups its samples
+    into optimizer steps otherwise than the run without sequence parallelism: here the group reads one replica's
+    micro-batches, and the steps are that run's. And a short micro-batch (an epoch's last) gets rows that train
+    nothing up to ``rows``, the batch size DeepSpeed's attention was built for.
     """
 
     def __init__(self, loader: Any, size: int, rows: int, device: Callable[[], Any]) -> None:
@@ -107,26 +151,28 @@ class SequenceShards:
         """Whether this rank is its group's first (the one that counts each micro-batch's samples once)."""
 
     def __len__(self) -> int:
-        return len(self.loader) * self.size
+        return len(self.loader)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        sp_group, sp_rank, size = group()
+        from . import distributed
+
+        _, sp_rank, size = group()
         assert size == self.size
+        if sp_rank != distributed.rank() % size:  # Session.data_loader gives a group's consecutive ranks one replica
+            raise SessionError(
+                f"sequence parallelism: rank {distributed.rank()} is rank {sp_rank} of its group of {size}, not "
+                f"{distributed.rank() % size}: dsbuild needs DeepSpeed's groups of consecutive ranks"
+            )
         self.first = sp_rank == 0
         device = self.device()
         for batch in self.loader:
-            for samples, shard in _shards(batch, sp_group, sp_rank, size, self.rows, device):
-                self.samples = samples
-                yield shard
+            self.samples, shard = _shard(batch, sp_rank, size, self.rows, device)
+            yield shard
 
 
-def _shards(
-    batch: Any, sp_group: Any, sp_rank: int, size: int, rows: int, device: Any
-) -> Iterator[tuple[int, dict[str, Any]]]:
-    """This rank's shard of each of the group's micro-batches (this one among them), in the group's rank order, each
-    with its real samples."""
+def _shard(batch: Any, sp_rank: int, size: int, rows: int, device: Any) -> tuple[int, dict[str, Any]]:
+    """This rank's shard of ``batch`` (every rank of the group has the same), and the batch's real samples."""
     import torch
-    import torch.distributed as dist
     import torch.nn.functional as F
 
     if not isinstance(batch, Mapping) or "input_ids" not in batch or "labels" not in batch:
@@ -139,52 +185,30 @@ def _shards(
     samples = int(batch["input_ids"].shape[0])
     if samples > rows:
         raise SessionError(f"a batch of {samples} samples under sequence parallelism built for {rows}")
-    counted = torch.tensor([samples], dtype=torch.int64, device=device)
-    every = [torch.zeros_like(counted) for _ in range(size)]
-    dist.all_gather(every, counted, group=sp_group)
-    length = torch.tensor([batch["input_ids"].shape[1]], dtype=torch.int64, device=device)
-    lengths = [torch.zeros_like(length) for _ in range(size)]
-    dist.all_gather(lengths, length, group=sp_group)
-    longest = max(int(n.item()) for n in lengths)
-    longest += -longest % size
-    gathered: list[dict[str, Any]] = [{} for _ in range(size)]
+    length = int(batch["input_ids"].shape[1])
+    longest = length + -length % size
+    whole: dict[str, Any] = {}
     for key, value in batch.items():
         if isinstance(value, torch.Tensor) and value.dim() >= 2:
-            extra = longest - value.shape[1]
-            if key == "position_ids" and extra:
-                tail = value[:, -1:] + torch.arange(1, extra + 1, dtype=value.dtype)
-                value = torch.cat([value, tail], dim=1)
-            elif extra:
-                value = F.pad(value, (0, extra), value=-100 if key == "labels" else 0)
-            if value.shape[0] < rows:  # rows that train nothing, so every rank's attention sees `rows` rows
+            if longest > length:  # padding is never a target, and (after every real token) never attended to
+                value = F.pad(value, (0, longest - length), value=-100 if key == "labels" else 0)
+            if value.shape[0] < rows:  # rows that train nothing, so the attention sees the rows it was built for
                 fill = value[-1:].expand(rows - value.shape[0], *value.shape[1:]).clone()
                 if key == "labels":
                     fill.fill_(-100)
                 elif key == "attention_mask":
                     fill.fill_(0)
                 value = torch.cat([value, fill])
-            value = value.to(device).contiguous()
-            tensors = [torch.zeros_like(value) for _ in range(size)]
-            dist.all_gather(tensors, value, group=sp_group)
-            parts: list[Any] = list(tensors)
-        else:
-            parts = [None] * size
-            dist.all_gather_object(parts, value, group=sp_group)
-        for rank, part in enumerate(parts):
-            gathered[rank][key] = part
+        whole[key] = value
+    labels = whole.pop("labels")
+    whole["shift_labels"] = F.pad(labels, (0, 1), value=-100)[..., 1:]
     chunk = longest // size
-    for whole, real in zip(gathered, every, strict=True):
-        labels = whole.pop("labels")
-        whole["shift_labels"] = F.pad(labels, (0, 1), value=-100)[..., 1:].contiguous()
-        yield (
-            int(real.item()),
-            {
-                key: value[:, chunk * sp_rank : chunk * (sp_rank + 1)].contiguous()
-                if isinstance(value, torch.Tensor) and value.dim() >= 2
-                else value
-                for key, value in whole.items()
-            },
-        )
+    return samples, {
+        key: value[:, chunk * sp_rank : chunk * (sp_rank + 1)].contiguous().to(device)
+        if isinstance(value, torch.Tensor) and value.dim() >= 2
+        else value
+        for key, value in whole.items()
+    }
 
 
 def whole_batch_loss(shard_loss: Any, batch: Any, samples: int) -> tuple[Any, int]:
@@ -209,7 +233,7 @@ def loss_scale(world_size: int, sp: int, tp: int, zero_stage: int, *, average_to
     counted the step's tokens together, over those DeepSpeed averages gradients across (the HF Trainer's
     ``num_processes`` factor). A tensor-parallel group is one data-parallel replica (``num_processes // tp_size``).
     DeepSpeed 0.19.8 reduces a sequence-parallel group's gradients two ways: ZeRO-3 averages them over every rank,
-    ZeRO 0-2 sum them over the group and average over the data-parallel ranks (tests/integration/test_parallelism.py
+    ZeRO 0-2 sum them over the group and average over the data-parallel ranks (tests/integration/test_run_shapes.py
     holds both to the 1-process run). Without ``average_tokens`` each process counted its own tokens: 1."""
     if not average_tokens:
         return 1

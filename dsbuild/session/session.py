@@ -1,44 +1,245 @@
-"""``Session``: the engine (``EngineSession``) and the loop that trains it, ``fit``, read top to bottom."""
+"""``Session``: a DeepSpeed engine (``Engine``) and what a run does with it — the loop ``fit``, one micro-batch at a
+time (``step``), evaluation, checkpoints that resume exactly, export. ``fit`` reads top to bottom; what it records
+of each step is ``loop.Recorder``'s, one optimizer step ``loop.optimizer_step``."""
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from ..api import Config
 from ..errors import RunStopped, SessionError
+from ..outputs import history, manifest
 from ..outputs.history import History
 from ..outputs.run_folder import RunFolder
 from ..resolve.schedule import Schedule, run_steps
-from . import distributed, loop
+from ..resolve.training import Training
+from . import batches, distributed, loop, parallel
 from .batches import StepOutput, counts
-from .engine import EngineSession
-from .parallel import SequenceShards
+from .engine import Engine
+from .persist import Persist
+from .setup import (
+    DEFAULT_SEED,
+    as_config,
+    checked_digest,
+    checked_keep_last,
+    pretrained_model,
+    seed_everything,
+    with_default_monitor,
+)
+
+if TYPE_CHECKING:
+    from deepspeed import DeepSpeedEngine
+    from typing_extensions import Self
 
 __all__ = ["Session", "SessionError", "StepOutput"]
 
 
-class Session(EngineSession):
-    """A DeepSpeed training session: the engine, the model it trains, its resolved config.
+class Session(Persist):
+    """A DeepSpeed training session: the engine (``Engine``), the model it trains, its resolved config, and what a run
+    does with them. ``model``: an ``nn.Module``, an HF ``PreTrainedModel`` or a peft model; ``config``: a ``Config``,
+    a ds_config dict, a config file or a preset name; ``training``: a ``Training`` or HF ``TrainingArguments``; the
+    rest as docs/session.md says. The config is resolved and checked here, before any process group exists."""
 
-    ``model`` is an ``nn.Module``, an HF ``PreTrainedModel`` or a peft model;
-    ``config`` a ``Config``, a ds_config dict, a config file or a preset name;
-    ``training`` a ``Training`` or HF ``TrainingArguments``; ``output_dir`` where
-    ``ds_config.json``, monitor logs, ``history.jsonl``, checkpoints and the model
-    go (default ``training.output_dir``). Only parameters that require grad reach
-    the optimizer. The config is resolved and checked here, before any process
-    group exists; the engine is built on first use (see ``dsbuild.session.engine``'s docstring).
+    def __init__(
+        self,
+        model: Any,
+        config: Config | Mapping[str, Any] | str | os.PathLike[str],
+        training: Training | Any | None = None,
+        optimizer: Any = None,
+        lr_scheduler: Any = None,
+        output_dir: str | os.PathLike[str] | None = None,
+        *,
+        total_steps: int | None = None,
+        hidden_size: int | None = None,
+        tokenizer: Any = None,
+        infer_batch_size: int | None = None,
+        keep_last: int | None = None,
+        data_fingerprint: str | None = None,
+        terminate_on_nan: bool = True,
+        checkpoint_digest: str = manifest.DIGEST,
+    ) -> None:
+        self.training: Training | None = Training.of(training) if training is not None else None
+        out = output_dir if output_dir is not None else (self.training.output_dir if self.training else None)
+        self.output_dir: Path | None = Path(out) if out is not None else None
+        self.tokenizer, self.data_fingerprint, self.terminate_on_nan = tokenizer, data_fingerprint, terminate_on_nan
+        self.checkpoint_digest = checked_digest(checkpoint_digest)
+        self.total_steps = total_steps
+        report_to = self.training.report_to if self.training is not None else ()
+        given = with_default_monitor(as_config(config), self.output_dir, report_to)
+        # Everything that can be wrong with the config fails here, before a process group exists.
+        self._engine = Engine(
+            model, given, training=self.training, optimizer=optimizer, lr_scheduler=lr_scheduler,
+            hidden_size=hidden_size, total_steps=total_steps, checkpoint_digest=checkpoint_digest,
+            output_dir=self.output_dir,
+        )  # fmt: skip
+        self.world_size: int = self._engine.world_size
+        eval_default = self.training.per_device_eval_batch_size if self.training is not None else None
+        self.infer_batch_size: int = infer_batch_size or eval_default or self.micro_batch_size
+        self.keep_last = checked_keep_last(keep_last, self.training)
+        if self.training is not None:
+            seed_everything(self.training.seed)
+        refused = parallel.refusal(
+            model, self.sequence_parallel_size, self.tensor_parallel_size, self._engine.average_tokens
+        )
+        if refused is not None:
+            raise SessionError(refused)
+        distributed.init(self.training.ddp_timeout if self.training is not None else None)
+        self.position = batches.DataPosition()
+        """Where training is in the data (saved in checkpoints, so a resume draws the same batches)."""
+        self.last_saved: str | None = None
+        """The tag of the checkpoint this session last saved or loaded."""
+        self.hooks = loop.Hooks()
+        """What a launcher adds to ``fit``: a call after each save, a save or a stop asked for, Ctrl-C's meaning."""
 
-    ``total_steps``: the run's optimizer steps when ``fit`` will not count them;
-    ``hidden_size``: the model's, for a model without an HF ``config``;
-    ``tokenizer``: saved with the model; ``infer_batch_size``: the per-device
-    batch of ``evaluate``; ``keep_last``: checkpoints kept (default
-    ``training.save_total_limit``); ``data_fingerprint``: a digest of the training
-    data, recorded in checkpoints so a resume on other data is refused;
-    ``terminate_on_nan``: stop ``fit`` at the first NaN or infinite loss (default);
-    ``checkpoint_digest``: what checkpoint files are hashed with in their manifest,
-    ``"xxh3_128"`` (default: finds damage as SHA-256 does, many times faster) or ``"sha256"``.
-    """
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path_or_config: Any,
+        config: Config | Mapping[str, Any] | str | os.PathLike[str],
+        training: Training | Any | None = None,
+        lora: Any = None,
+        dtype: Any = None,
+        attn_implementation: str | None = None,
+        gradient_checkpointing: bool = False,
+        tokenizer: Any = None,
+        output_dir: str | os.PathLike[str] | None = None,
+        **session_kwargs: Any,
+    ) -> Self:
+        """A session for an HF causal LM: a local path / hub id (its weights) or a ``PretrainedConfig`` (random init),
+        built inside ``zero.Init`` under ZeRO-3, ``lora`` (a peft ``LoraConfig`` or its fields) applied after; other
+        keyword arguments go to ``Session`` (docs/session.md)."""
+        model, tokenizer = pretrained_model(
+            name_or_path_or_config, as_config(config), Training.of(training) if training is not None else None,
+            lora=lora, dtype=dtype, attn_implementation=attn_implementation,
+            gradient_checkpointing=gradient_checkpointing, tokenizer=tokenizer,
+            hidden_size=session_kwargs.get("hidden_size"), total_steps=session_kwargs.get("total_steps"),
+        )  # fmt: skip
+        return cls(model, config, training=training, output_dir=output_dir, tokenizer=tokenizer, **session_kwargs)
+
+    # -- what a session holds ------------------------------------------------------------------------------------------
+
+    @property
+    def engine(self) -> DeepSpeedEngine:
+        """The ``DeepSpeedEngine`` (built on first use)."""
+        return self.engine_for(self.total_steps)
+
+    def engine_for(self, total_steps: int | None) -> DeepSpeedEngine:
+        """The engine, built for a run of ``total_steps`` optimizer steps when it does not exist yet."""
+        return self._engine.built(total_steps, self.total_steps)
+
+    @property
+    def model(self) -> Any:
+        """The model being trained, unwrapped (the peft model for LoRA); under ZeRO-3 its weights are partitioned."""
+        return self._engine.model
+
+    @property
+    def config(self) -> Config:
+        """The resolved config the engine runs with. Before the engine exists, for a run whose step count ``fit`` will
+        tell, the keys that need the count (``scheduler.params.total_num_steps``, a warmup given as a ratio) are still
+        ``"auto"``; they are filled when the engine is built."""
+        return self._engine.config
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self._engine.micro_batch_size
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self._engine.gradient_accumulation_steps
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        """The run's AutoTP degree (``tensor_parallel.autotp_size``; 1: none; docs/session.md)."""
+        return self._engine.tensor_parallel_size
+
+    @property
+    def sequence_parallel_size(self) -> int:
+        """The run's Ulysses sequence-parallel degree (1: none; docs/session.md)."""
+        return self._engine.sequence_parallel_size
+
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps taken (restored by ``load_checkpoint``)."""
+        return 0 if self._engine.deepspeed is None else int(self._engine.deepspeed.global_steps)
+
+    @property
+    def rank(self) -> int:
+        return distributed.rank()
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def run_facts(self) -> manifest.RunFacts:
+        """What a checkpoint of this run records, and a resume must match (``dsbuild.outputs.manifest.RunFacts``)."""
+        return self._engine.run_facts(seed=self.training.seed if self.training else None, data=self.data_fingerprint)
+
+    @property
+    def history_path(self) -> Path | None:
+        """``output_dir/history.jsonl``, or ``None`` without an output directory."""
+        return self.output_dir / history.HISTORY if self.output_dir is not None else None
+
+    # -- one micro-batch at a time ---------------------------------------------------------------------------------
+
+    @property
+    def weights_by_tokens(self) -> bool:
+        """Whether ``fit`` weights the loss by the step's trained tokens (HF's ``num_items_in_batch``): the model's
+        forward takes the count (HF causal LMs, peft models of them) and no ``loss_fn`` replaces it."""
+        return self._engine.weights_by_tokens
+
+    def items_in_step(self, micro_batches: Sequence[Any]) -> int | None:
+        """The optimizer step's trained tokens (HF's ``num_items_in_batch``) over ``micro_batches``, this process's,
+        and, with ``training.average_tokens_across_devices`` (the default), every process's (then collective);
+        ``None`` without labels. Pass it to ``step``."""
+        self.engine  # noqa: B018 - built: the sum over the processes runs on its device
+        return self._engine.items_in_step(micro_batches)
+
+    @distributed.quietly
+    def step(
+        self, batch: Any, loss_fn: Callable[[Any, Any], Any] | None = None, *, num_items_in_batch: int | None = None
+    ) -> StepOutput:
+        """One micro-batch: forward, backward, and the engine's step (an optimizer step at a boundary).
+
+        A dict batch goes to ``model(**batch)``; else ``loss_fn(model, batch)`` returns the loss. With
+        ``num_items_in_batch`` (``items_in_step``) the loss is the HF Trainer's, summed over the step's trained tokens
+        and divided by the count; without it, DeepSpeed's mean over the accumulation steps (docs/session.md).
+        """
+        self.engine  # noqa: B018 - built on first use
+        return self._engine.micro_step(batch, loss_fn, num_items_in_batch, None)
+
+    def data_loader(
+        self, data: Any, batch_size: int, *, shuffle: bool, collate_fn: Callable[[list[Any]], Any] | None = None
+    ) -> Any:
+        """``data`` itself when it is a DataLoader; else a DataLoader over this rank's share of it. The ranks of a
+        tensor- or sequence-parallel group read the same micro-batches (one data-parallel replica's: the run steps
+        through the data as the same run without them does); with sequence parallelism each rank takes its shard."""
+        group = self.tensor_parallel_size * self.sequence_parallel_size  # consecutive ranks, as DeepSpeed groups them
+        loader = batches.loader(
+            data, batch_size, world_size=self.world_size // group, rank=self.rank // group, shuffle=shuffle,
+            seed=self.training.seed if self.training is not None else DEFAULT_SEED,
+            drop_last=bool(self.config.dataloader_drop_last) if shuffle else False, collate_fn=collate_fn,
+            num_workers=self.training.dataloader_num_workers if self.training is not None else 0,
+        )  # fmt: skip
+        sp = self.sequence_parallel_size
+        if sp == 1:
+            return loader
+        return parallel.SequenceShards(loader, sp, self.micro_batch_size, lambda: self.engine.device)
+
+    def write_events(self, prefix: str, record: Mapping[str, Any]) -> None:
+        """Metrics to DeepSpeed's monitors (CSV, TensorBoard, W&B, Comet: whatever the config enables)."""
+        monitor = getattr(self._engine.deepspeed, "monitor", None)
+        if monitor is None or not monitor.enabled:
+            return
+        numbers = ((k, v) for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
+        step = int(record["step"])
+        monitor.write_events([(f"{prefix}/{k}", float(v), step) for k, v in numbers if k not in ("step", "epoch")])
+
+    # -- the loop ----------------------------------------------------------------------------------------------------
 
     @distributed.quietly
     def fit(
@@ -53,187 +254,232 @@ class Session(EngineSession):
         collate_fn: Callable[[list[Any]], Any] | None = None,
         loss_fn: Callable[[Any, Any], Any] | None = None,
     ) -> list[dict[str, Any]]:
-        """Train until ``max_steps`` optimizer steps (or ``epochs`` over ``train_data``); return this call's history.
-
-        ``train_data`` is a DataLoader, or a Dataset (then each rank reads its share
-        through a ``DistributedSampler`` in micro batches of the resolved size).
-        The run's length comes from ``max_steps``, else ``epochs``, else the
-        constructor's ``total_steps`` / ``training.max_steps``, else
-        ``training.num_train_epochs`` (1 epoch without training arguments).
-
-        ``eval_every`` / ``save_every`` count optimizer steps; the end of training is evaluated too, unless its last
-        step just was (the HF Trainer's rule). With an output directory,
-        checkpoints go to ``output_dir/checkpoints`` as ``training.save_strategy`` says
-        (every ``save_steps``, or at each epoch's end), and once more at the end of
-        training unless the strategy is ``"no"``, as the HF Trainer does. Metrics (loss,
-        lr, grad norm, samples/s, tokens/s) go to DeepSpeed's monitors every
-        ``training.logging_steps``, to ``output_dir/history.jsonl`` as they come (so a
-        killed run keeps them), and to the returned list (one dict per optimizer step,
-        plus one per evaluation). A NaN or infinite loss stops training at that step
-        with ``NonFiniteLossError`` (``terminate_on_nan=False`` lets it go on). A call
-        after ``load_checkpoint`` continues where the checkpoint left off.
-        ``collate_fn`` turns a list of samples into a batch; ``loss_fn(model, batch)``
-        returns the loss for a model whose forward does not take the batch itself.
-        """
+        """Train until ``max_steps`` optimizer steps (or ``epochs`` over ``train_data``, a DataLoader or a Dataset);
+        return this call's history. It logs, evaluates (``eval_every``, and the end) and saves (``save_every``, and the
+        end) when the HF Trainer would, to ``history.jsonl`` and DeepSpeed's monitors; a NaN loss stops it; after
+        ``load_checkpoint`` it continues where the checkpoint left off (docs/session.md, "fit")."""
         loader = self.data_loader(train_data, self.micro_batch_size, shuffle=True, collate_fn=collate_fn)
-        batches, accumulation = len(loader), self.gradient_accumulation_steps
-        if batches == 0:
+        batches_per_epoch, accumulation = len(loader), self.gradient_accumulation_steps
+        if batches_per_epoch == 0:
             raise SessionError("train_data is empty (no micro-batch for this process)")
-        steps = run_steps(
-            batches,
-            accumulation,
-            epochs=epochs,
-            max_steps=max_steps,
-            total_steps=self.total_steps,
-            training=self.training,
-        )
+        steps = run_steps(batches_per_epoch, accumulation, epochs=epochs, max_steps=max_steps,
+                          total_steps=self.total_steps, training=self.training)  # fmt: skip
         engine = self.engine_for(steps)
-        plan = Schedule.of(
-            self.training,
-            steps,
-            eval_every=eval_every,
-            save_every=save_every,
-            evaluating=eval_data is not None,
-            saving=self.output_dir is not None,
-        )
-        by_tokens = loss_fn is None and self.weights_by_tokens
-        if self.sequence_parallel_size > 1 and not by_tokens:
-            raise SessionError(
-                "sequence parallelism trains with the token-weighted loss (each rank's shard weighs by its trained "
-                "tokens): it needs a model whose forward takes num_items_in_batch (an HF causal LM) and no loss_fn"
-            )
+        plan = Schedule.of(self.training, steps, eval_every=eval_every, save_every=save_every,
+                           evaluating=eval_data is not None, saving=self.output_dir is not None)  # fmt: skip
+        by_tokens = token_weighted(self, loss_fn)
+        record = Recorder(self, steps, engine.global_steps)
 
-        def evaluated() -> dict[str, Any]:
-            kept.flush()
-            return {"step": self.global_step, **self.evaluate(eval_data, collate_fn=collate_fn, loss_fn=loss_fn)}
+        def evaluate() -> None:
+            record.flush()
+            record.evaluation(self.evaluate(eval_data, collate_fn=collate_fn, loss_fn=loss_fn))
 
-        records: list[dict[str, Any]] = []
-        last: dict[str, Any] | None = None  # the latest optimizer step's record
-        kept = History(self.history_path if self.is_main_process else None)
-        progress = loop.Progress(steps, engine.global_steps, main=self.is_main_process)
-        # SIGTERM / SIGUSR1 (and a first Ctrl-C, with stop_on_interrupt): an agreed checkpoint at the next step, then
-        # RunStopped.
-        stop = loop.StopSignals(interrupt=self.stop_on_interrupt)
-        started = time.perf_counter()
-        try:
+        with loop.StopSignals(interrupt=self.hooks.stop_on_interrupt) as stop, record:
             while engine.global_steps < steps:
-                iterator = self.position.iterator(loader)
-                left = batches - self.position.batch_in_epoch
+                iterator, left = self.position.iterator(loader), batches_per_epoch - self.position.batch_in_epoch
                 while left > 0 and engine.global_steps < steps:
-                    # One optimizer step per group of micro-batches, as the HF Trainer does (an epoch's last group
-                    # may be shorter).
+                    # One optimizer step per group of micro-batches, as the HF Trainer (an epoch's last may be shorter).
                     group = [next(iterator) for _ in range(min(accumulation, left))]
                     left -= len(group)
-                    last, signalled = self._optimizer_step(group, loader, loss_fn, by_tokens, stop, started)
-                    step = last["step"]
-                    records.append(last)
-                    if not kept.add(last) and self.terminate_on_nan:
-                        kept.flush()
-                        raise loop.non_finite(last, kept.last_finite, self.output_dir)
-                    if plan.logs(step):
-                        self.write_events("Train", last)
-                        kept.flush()
-                        progress.logged(last)
-                    progress.update(last)
-                    if plan.evaluates(step):
-                        records.append(evaluated())
-                    if plan.saves(step):
-                        kept.flush()
-                        self.save_checkpoint()
+                    done, signalled = optimizer_step(self, group, loader, loss_fn, by_tokens, stop, record)
+                    record.step(done, logs=plan.logs(done["step"]))
+                    if plan.evaluates(done["step"]):
+                        evaluate()
+                    if plan.saves(done["step"]) or (self.hooks.save_requested and self.hooks.save_requested()):
+                        self._save_now(record)
                     if signalled is not None:
-                        kept.flush()
-                        raise self._stopped(signalled, step)
-                    if self.save_requested is not None and self.save_requested():
-                        kept.flush()
-                        if self.last_saved != f"global_step{step}":
-                            self.save_checkpoint()
-                    started = time.perf_counter()
+                        record.flush()
+                        raise stopped(self, signalled, done["step"])
                 if left == 0:  # the epoch's end
                     self.position.next_epoch()
-                    if plan.log_epochs and last is not None:
-                        self.write_events("Train", last)
-                        progress.logged(last)
+                    record.epoch_ended(logs=plan.log_epochs)
                     if plan.eval_epochs:
-                        records.append(evaluated())
+                        evaluate()
                     if plan.save_epochs:
-                        kept.flush()
-                        self.save_checkpoint()
-        finally:
-            stop.restore()
-            progress.close()
-            kept.flush()
-        evaluated_last = any(r.get("step") == engine.global_steps and "eval_loss" in r for r in records)
-        if plan.eval_at_end and last is not None and not evaluated_last:
-            records.append(evaluated())  # as the HF Trainer: the end of training is evaluated, once
-        if plan.log_epochs and last is not None and self.position.batch_in_epoch:
-            self.write_events("Train", last)  # the last epoch ended with the run, before its end was seen
-            progress.logged(last)
-        if plan.save_at_end and self.last_saved != f"global_step{engine.global_steps}":
-            self.save_checkpoint()  # the end of training is always saved, as the HF Trainer does
-        return records
+                        self._save_now(record)
+        if plan.eval_at_end and record.trained and not record.evaluated(engine.global_steps):
+            evaluate()  # as the HF Trainer: the end of training is evaluated, once
+        record.run_ended(logs=plan.log_epochs and self.position.batch_in_epoch > 0)
+        if plan.save_at_end:
+            self._save_now(record)  # the end of training is always saved, as the HF Trainer does
+        return record.records
 
-    def _optimizer_step(
-        self,
-        group: list[Any],
-        loader: Any,
-        loss_fn: Callable[[Any, Any], Any] | None,
-        by_tokens: bool,
-        stop: loop.StopSignals,
-        started: float,
-    ) -> tuple[dict[str, Any], tuple[int, str] | None]:
-        """One optimizer step over ``group``, this process's micro-batches of it: the step's record (its numbers
-        summed over every process) and, when a process was told to stop, which (its rank) and by what."""
-        # The group's trained tokens, over every process, weight its loss (HF's num_items_in_batch).
-        num_items = self.items_in_step(group) if by_tokens else None
-        window = [0.0, 0.0, 0.0]  # loss, samples, tokens of the step on this process
-        for i, batch in enumerate(group):
-            samples, tokens = counts(batch)
-            if isinstance(loader, SequenceShards):  # a group's shards are one micro-batch: count it once
-                samples = loader.samples if loader.first else 0
-            out = self._step(batch, loss_fn, num_items, i == len(group) - 1)
-            self.position.batch_in_epoch += 1
-            window = [window[0] + out.loss, window[1] + samples, window[2] + tokens]
-        # One collective per step sums the step's numbers and which process was signalled, by what (loop.stop_code).
-        noted = [0.0] * self.world_size
-        asked = self.stop_requested() if self.stop_requested is not None else None
-        noted[self.rank] = float(loop.stop_code(stop.check() or asked))
-        loss_sum, samples_sum, tokens_sum, *codes = distributed.all_sum([*window, *noted], self.engine.device)
-        signalled = next(((rank, loop.stop_name(int(c))) for rank, c in enumerate(codes) if c), None)
-        # A tensor-parallel group's ranks train on the same batch: its numbers count once.
-        tp = self.tensor_parallel_size
-        loss_sum, samples_sum, tokens_sum = loss_sum / tp, samples_sum / tp, tokens_sum / tp
-        # The HF Trainer's logged loss: the token-weighted step loss, or the mean of the micro-batch means.
-        shares = 1 if num_items is not None and self._average_tokens else self.world_size // tp
-        elapsed = max(time.perf_counter() - started, 1e-9)
-        record = {
-            "step": out.global_step,
-            "epoch": self.position.epoch + self.position.batch_in_epoch / len(loader),
-            "loss": loss_sum / (shares if num_items is not None else shares * len(group)),
-            "lr": out.lr,
-            "grad_norm": out.grad_norm,
-            "samples_per_sec": samples_sum / elapsed,
-            "tokens_per_sec": tokens_sum / elapsed,
-        }
-        return record, signalled
-
-    def _stopped(self, signalled: tuple[int, str], step: int) -> RunStopped:
-        """The agreed stop: every process saves the checkpoint of ``step`` (verified, with its manifest), then stops.
-        ``signalled``: the first process that was told to stop, and by what."""
-        rank, received = signalled
-        who = f"rank {rank}" + (" (this process)" if rank == self.rank else "")
-        if received == loop.LAUNCHER_LOST:
-            why = f"the end of {who}'s launcher (torchrun's agent)"
-        elif " to " in received:  # asked through stop_requested: it says to whom
-            why = received
-        else:
-            why = f"{received} to {who}"
-        if self.output_dir is None:
-            return RunStopped(f"stopped at step {step} by {why}: no output directory, so no checkpoint was saved", None)
-        tag = f"global_step{step}"
-        if self.last_saved != tag:
+    def _save_now(self, record: Recorder) -> None:
+        """A checkpoint of the step the run is at, unless this session just saved or loaded it."""
+        record.flush()
+        if self.last_saved != f"global_step{self.global_step}":
             self.save_checkpoint()
-        where = RunFolder(self.output_dir).checkpoint(tag)
-        return RunStopped(
-            f"stopped at step {step} by {why}; checkpoint {where} saved and verified: dsbuild train --resume continues",
-            str(where),
+
+    # -- evaluation, checkpoints, export -------------------------------------------------------------------------------
+
+    @distributed.quietly
+    def evaluate(
+        self,
+        data: Any,
+        *,
+        batch_size: int | None = None,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        loss_fn: Callable[[Any, Any], Any] | None = None,
+    ) -> dict[str, float]:
+        """Mean loss over ``data`` without gradients, in batches of ``infer_batch_size``; collective.
+
+        Returns ``{"eval_loss": ..., "eval_samples": ...}`` (weighted by samples, over all processes), also appended
+        to ``history.jsonl`` with the step. Under sequence parallelism the batches are the micro-batch size
+        (DeepSpeed's attention is built for it)."""
+        engine = self.engine
+        size = self.micro_batch_size if self.sequence_parallel_size > 1 else batch_size or self.infer_batch_size
+        loader = self.data_loader(data, size, shuffle=False, collate_fn=collate_fn)
+        total, count = batches.evaluation_sums(engine, loader, self.model, loss_fn)
+        total, count = distributed.all_sum([total, count], engine.device)
+        # A tensor-parallel group's ranks evaluate the same batches: each batch counts once.
+        total, count = total / self.tensor_parallel_size, count / self.tensor_parallel_size
+        metrics = {"eval_loss": total / max(count, 1.0), "eval_samples": count}
+        self.write_events("Eval", {"step": engine.global_steps, "loss": metrics["eval_loss"]})
+        if self.is_main_process and self.history_path is not None:
+            history.append(self.history_path, [{"step": int(engine.global_steps), **metrics}])
+        return metrics
+
+
+# -- the pieces of fit ---------------------------------------------------------------------------------------------
+
+
+class Recorder:
+    """What ``fit`` keeps of each optimizer step and evaluation: the records it returns, ``history.jsonl`` (rank 0,
+    flushed before anything that may stop the run), DeepSpeed's monitors and the progress display. A NaN or infinite
+    loss stops the run (``NonFiniteLossError``) unless the session says to train on."""
+
+    def __init__(self, session: Session, steps: int, done: int) -> None:
+        self.session = session
+        self.records: list[dict[str, Any]] = []
+        self.last: dict[str, Any] | None = None
+        """The latest optimizer step's record."""
+        self.kept = History(session.history_path if session.is_main_process else None)
+        self.progress = loop.Progress(steps, done, main=session.is_main_process)
+        self.started = time.perf_counter()
+        """When the step being trained started (for samples/s and tokens/s)."""
+
+    @property
+    def trained(self) -> bool:
+        """Whether this ``fit`` trained a step."""
+        return self.last is not None
+
+    def step(self, record: dict[str, Any], *, logs: bool) -> None:
+        self.last = record
+        self.records.append(record)
+        if not self.kept.add(record) and self.session.terminate_on_nan:
+            self.kept.flush()
+            raise loop.non_finite(record, self.kept.last_finite, self.session.output_dir)
+        if logs:
+            self.session.write_events("Train", record)
+            self.kept.flush()
+            self.progress.logged(record)
+        self.progress.update(record)
+        self.started = time.perf_counter()
+
+    def evaluation(self, metrics: Mapping[str, Any]) -> None:
+        self.records.append({"step": self.session.global_step, **metrics})
+
+    def evaluated(self, step: int) -> bool:
+        return any(r.get("step") == step and "eval_loss" in r for r in self.records)
+
+    def epoch_ended(self, *, logs: bool) -> None:
+        """An epoch's end: logged, by epoch (``logging_strategy = "epoch"``)."""
+        if logs and self.last is not None:
+            self.session.write_events("Train", self.last)
+            self.progress.logged(self.last)
+
+    def run_ended(self, *, logs: bool) -> None:
+        """The run's end inside an epoch, which that epoch's end logs by epoch."""
+        self.epoch_ended(logs=logs)
+
+    def flush(self) -> None:
+        self.kept.flush()
+
+    def __enter__(self) -> Recorder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.close()
+        self.kept.flush()
+
+
+def token_weighted(session: Session, loss_fn: Any) -> bool:
+    """Whether ``fit`` weights the loss by the step's trained tokens (HF's ``num_items_in_batch``); sequence
+    parallelism refuses to train otherwise."""
+    by_tokens = loss_fn is None and session.weights_by_tokens
+    if session.sequence_parallel_size > 1 and not by_tokens:
+        raise SessionError(
+            "sequence parallelism trains with the token-weighted loss (each rank's shard weighs by its trained "
+            "tokens): it needs a model whose forward takes num_items_in_batch (an HF causal LM) and no loss_fn"
         )
+    return by_tokens
+
+
+def optimizer_step(
+    session: Session,
+    group: list[Any],
+    loader: Any,
+    loss_fn: Any,
+    by_tokens: bool,
+    stop: loop.StopSignals,
+    record: Recorder,
+) -> tuple[dict[str, Any], tuple[int, str] | None]:
+    """One optimizer step over ``group``, this process's micro-batches of it: the step's record (its numbers summed
+    over every process) and, when a process was told to stop, which (its rank) and by what. Collective."""
+    engine = session.engine
+    # The group's trained tokens, over every process, weight its loss (HF's num_items_in_batch).
+    num_items = session.items_in_step(group) if by_tokens else None
+    window = [0.0, 0.0, 0.0]  # loss, samples, tokens of the step on this process
+    out = None
+    for i, batch in enumerate(group):
+        samples, tokens = counts(batch)
+        if isinstance(loader, parallel.SequenceShards):  # a group's shards are one micro-batch: count it once
+            samples = loader.samples if loader.first else 0
+        out = session._engine.micro_step(batch, loss_fn, num_items, i == len(group) - 1)
+        session.position.batch_in_epoch += 1
+        window = [window[0] + out.loss, window[1] + samples, window[2] + tokens]
+    assert out is not None
+    # One collective per step sums the step's numbers and which process was signalled, by what (stop_code).
+    noted = [0.0] * session.world_size
+    asked = session.hooks.stop_requested() if session.hooks.stop_requested is not None else None
+    noted[session.rank] = float(loop.stop_code(stop.check() or asked))
+    loss_sum, samples_sum, tokens_sum, *codes = distributed.all_sum([*window, *noted], engine.device)
+    signalled = next(((rank, loop.stop_name(int(c))) for rank, c in enumerate(codes) if c), None)
+    # A tensor-parallel group's ranks train on the same batch: its numbers count once.
+    tp = session.tensor_parallel_size
+    loss_sum, samples_sum, tokens_sum = loss_sum / tp, samples_sum / tp, tokens_sum / tp
+    # The HF Trainer's logged loss: the token-weighted step loss, or the mean of the micro-batch means.
+    shares = 1 if num_items is not None and session._engine.average_tokens else session.world_size // tp
+    elapsed = max(time.perf_counter() - record.started, 1e-9)
+    return {
+        "step": out.global_step,
+        "epoch": session.position.epoch + session.position.batch_in_epoch / len(loader),
+        "loss": loss_sum / (shares if num_items is not None else shares * len(group)),
+        "lr": out.lr,
+        "grad_norm": out.grad_norm,
+        "samples_per_sec": samples_sum / elapsed,
+        "tokens_per_sec": tokens_sum / elapsed,
+    }, signalled
+
+
+def stopped(session: Session, signalled: tuple[int, str], step: int) -> RunStopped:
+    """The agreed stop: every process saves the checkpoint of ``step`` (verified, with its manifest), then stops.
+    ``signalled``: the first process that was told to stop, and by what."""
+    rank, received = signalled
+    who = f"rank {rank}" + (" (this process)" if rank == session.rank else "")
+    if received == loop.LAUNCHER_LOST:
+        why = f"the end of {who}'s launcher (torchrun's agent)"
+    elif " to " in received:  # asked through stop_requested: it says to whom
+        why = received
+    else:
+        why = f"{received} to {who}"
+    if session.output_dir is None:
+        return RunStopped(f"stopped at step {step} by {why}: no output directory, so no checkpoint was saved", None)
+    tag = f"global_step{step}"
+    if session.last_saved != tag:
+        session.save_checkpoint()
+    where = RunFolder(session.output_dir).checkpoint(tag)
+    return RunStopped(
+        f"stopped at step {step} by {why}; checkpoint {where} saved and verified: dsbuild train --resume continues",
+        str(where),
+    )

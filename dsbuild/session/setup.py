@@ -26,6 +26,8 @@ __all__ = [
     "PROBE_STEPS",
     "as_config",
     "asks_deepcompile",
+    "checked_digest",
+    "checked_keep_last",
     "compile_engine",
     "deepcompile_refusal",
     "hf_model_or_none",
@@ -39,6 +41,26 @@ PROBE_STEPS: Final = 1_000_000
 """Stand-in step count used only to check a config whose schedule waits for ``fit`` to count the steps."""
 DEFAULT_SEED: Final = 42
 """HF's default seed; every rank builds the same random initial weights from it."""
+
+
+def checked_digest(digest: str) -> str:
+    """``Session``'s ``checkpoint_digest``, one of ``manifest.DIGESTS``; else ``SessionError``."""
+    from ..outputs import manifest
+
+    if digest not in manifest.DIGESTS:
+        raise SessionError(
+            f"checkpoint_digest: got {digest!r}, expected one of {', '.join(map(repr, manifest.DIGESTS))}"
+        )
+    return digest
+
+
+def checked_keep_last(keep_last: Any, training: Training | None) -> int | None:
+    """``Session``'s ``keep_last``: an integer >= 1, or, unset, ``training.save_total_limit`` (``None``: keep all)."""
+    if keep_last is None:
+        return training.save_total_limit if training is not None else None
+    if not isinstance(keep_last, int) or isinstance(keep_last, bool) or keep_last < 1:
+        raise ConfigError(Problem("keep_last", f"got {keep_last!r}, expected an integer >= 1"))
+    return keep_last
 
 
 def as_config(config: Config | Mapping[str, Any] | str | os.PathLike[str]) -> Config:
@@ -230,11 +252,11 @@ def start_engine(
     if refusal is not None:
         raise SessionError(f"compile.deepcompile: {refusal}")
     micro = ds_config.get("train_micro_batch_size_per_gpu")
-    mpu = (
-        parallel.register(model, sp, micro if isinstance(micro, int) else 1, distributed.world_size())
-        if sp > 1
-        else None
-    )
+    if sp > 1:
+        mpu = parallel.register(model, sp, micro if isinstance(micro, int) else 1, distributed.world_size())
+    else:
+        mpu = None
+        parallel.unregister(model)  # an earlier session's Ulysses attention is not this model's
     engine, _, _, _ = deepspeed.initialize(
         model=model,
         model_parameters=params if optimizer is None else None,

@@ -52,13 +52,13 @@ FEATURES: Final[dict[str, Feature]] = {
     # -- trained here -------------------------------------------------------------------------------------------
     "sequence_parallel_size": Feature(
         TRAINED,
-        "Ulysses (DeepSpeed's UlyssesSPAttentionHF, its mpu, its data adapter): tests/integration/"
-        "test_parallelism.py, 2 processes at ZeRO-2 and ZeRO-3 against 1",
+        "Ulysses (DeepSpeed's UlyssesSPAttentionHF and its mpu): tests/integration/test_run_shapes.py, 2 processes "
+        "against 1 at generated shapes (ZeRO-2 and ZeRO-3, micro-batch 1-4, accumulation 1-4, packed, LoRA)",
     ),
     "tensor_parallel": Feature(
         TRAINED,
-        "AutoTP training (autotp_size): tests/integration/test_parallelism.py, 2 processes at ZeRO-1 and ZeRO-2 "
-        "against 1, the saved model gathered whole",
+        "AutoTP training (autotp_size): tests/integration/test_run_shapes.py, 2 processes against 1 at generated "
+        "shapes (ZeRO-1 and ZeRO-2, micro-batch 1-4, accumulation 1-4, packed), the saved model gathered whole",
     ),
     "train_batch_size": Feature(TRAINED, "every Session test; tests/integration/test_loss_parity.py on 2 processes"),
     "train_micro_batch_size_per_gpu": Feature(TRAINED, "every Session test"),

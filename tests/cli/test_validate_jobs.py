@@ -246,3 +246,37 @@ def test_the_lora_rank_is_named_as_written(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         load_job(job)
     assert [p.path for p in caught.value.problems] == ["model.lora.rank"]
+
+
+def test_tokenized_ids_outside_the_vocabulary_are_refused_by_validate_and_train(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Tokenized records whose ids or labels reach past the model's vocabulary (its [model.config] vocab_size), a
+    completion_mask of another length, a negative label other than -100: validate and train both refuse them, naming
+    the record and the field, before any process starts (the run would end in an index error at its first step)."""
+    records = [
+        '{"input_ids": [1, 2, 1000000000, 5]}',
+        '{"input_ids": [5, 6], "labels": [6, 384]}',
+        '{"input_ids": [5, 6], "completion_mask": [1]}',
+        '{"input_ids": [5, 6], "labels": [-3, 6]}',
+        '{"input_ids": [5, 383], "labels": [-100, 383]}',
+    ]
+    model = CONFIG + "vocab_size = 384\n"
+    (tmp_path / "train.jsonl").write_text("\n".join(records) + "\n", encoding="utf-8")
+    job = tmp_path / "job.toml"
+    job.write_text(JOB.format(model=model).replace('format = "text"', 'format = "tokenized"'), encoding="utf-8")
+    data = tmp_path / "train.jsonl"
+    expected = [
+        f"{data}: line 1: input_ids[2]: got 1000000000, expected a token id >= 0 and below the model's vocab_size 384",
+        f"{data}: line 2: labels[1]: got 384, expected a token id >= 0 and below the model's vocab_size 384 or -100",
+        f"{data}: line 3: field 'completion_mask': 1 values for 2 input_ids",
+        f"{data}: line 4: labels[0]: got -3, expected a token id >= 0 and below the model's vocab_size 384 or -100",
+    ]
+    assert main(["validate", str(job)]) == 1
+    out, _ = capsys.readouterr()
+    assert [line.strip() for line in out.splitlines() if "line " in line] == [f"data.path: {e}" for e in expected]
+    assert main(["train", str(job)]) == 1
+    _, err = capsys.readouterr()
+    assert [line for line in err.splitlines() if "line " in line] == [
+        f"dsbuild: error: {job}: data.path: {e}" for e in expected
+    ]

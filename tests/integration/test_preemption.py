@@ -192,7 +192,7 @@ def test_ctrl_c_in_fit_saves_at_the_next_step_and_a_second_stops_at_once(tmp_pat
         model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
         training = Training(max_steps=6, per_device_train_batch_size=2, save_steps=100, logging_steps=1)
         s = Session(model, Config.zero(1).adamw(lr=1e-3).batch(micro=2), training=training, output_dir=out)
-        s.stop_on_interrupt = True
+        s.hooks.stop_on_interrupt = True
         return s
 
     def interrupting(times: int) -> Any:

@@ -88,7 +88,7 @@ def test_overwrite_moves_the_earlier_run_aside(finished: Path, tmp_path: Path) -
     done = dsbuild("train", *SHORT, *out_dir(tmp_path), "--overwrite", "--set=training.max_steps=2", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     (aside,) = [p for p in tmp_path.iterdir() if p.name.startswith("run.replaced-")]
-    assert f"moved the earlier run in {copy} to {aside}" in done.stdout
+    assert f"dsbuild: moved the earlier run in {copy} to {aside}" in done.stderr
     assert snapshot(aside) == before
     steps = [json.loads(line)["step"] for line in (copy / "history.jsonl").read_text().splitlines()]
     assert max(steps) == 2

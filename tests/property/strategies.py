@@ -509,10 +509,11 @@ def file_bytes(suffix: str) -> st.SearchStrategy[bytes]:
 
 def trl_examples() -> int:
     """Examples per TRL differential property: 300 in the ``ci`` profile, the profile's own count where it is larger
-    (``deep``: thousands)."""
+    (``deep``: thousands) or a quick one's (``dev``)."""
     from hypothesis import settings
 
-    return max(300, settings().max_examples)
+    count = int(settings().max_examples)
+    return max(300, count) if count >= 100 else count
 
 
 _EDGES = ["", " ", "  ", "\n", "\t", "\r\n", " \n", "\n\n", "\u3000"]

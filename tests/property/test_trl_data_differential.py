@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from strategies import DataCase, data_cases, trl_examples
+from strategies import DataCase, chat_templates, data_cases, trl_examples
 
 pytest.importorskip("datasets")
 transformers = pytest.importorskip("transformers")
@@ -136,15 +136,47 @@ def _assert_same_rows(case: DataCase) -> None:
                 assert got[key].tolist() == expected[key].tolist(), f"batch {i // size}: {key} differs from TRL's"
 
 
+def _case(fmt: str, records: list[dict[str, Any]], **options: Any) -> DataCase:
+    """A fixed case: the counterexamples the properties found, kept."""
+    fields: dict[str, Any] = {
+        "tokenizer": "fast", "chat_template": None, "max_length": 64, "packing": None, "padding_free": False,
+        "eos_token": None, "loss": {}, "batch_size": 1, **options,
+    }  # fmt: skip
+    fields.setdefault("trl_loss", dict(fields["loss"]))
+    return DataCase(format=fmt, records=records, trl_records=fields.pop("trl_records", records), **fields)
+
+
 @settings(max_examples=trl_examples())
 @given(data_cases(chat=False))
+# Found: an eos_token another than the tokenizer's, which T5's tokenizer then adds instead of its own.
+@example(_case("text", [{"text": "\t\n\n"}, {"text": "a b "}], tokenizer="byt5", eos_token="<extra_id_0>"))
+# Found: samples whose only label is at position 0 (an empty text: its EOS) are kept, as TRL keeps them.
+@example(_case("text", [{"text": "  é\n\n"}, {"text": "    "}, {"text": "x"}], tokenizer="byt5"))
+# Found: a packed sample with nothing left to train on still fills its bin (TRL packs it).
+@example(_case("prompt_completion", [{"prompt": "\r\n\n\n", "completion": "\r\nDlvP"}, {"prompt": "  ", "completion": ""}],
+               tokenizer="byt5", max_length=8, packing="bfd_split"))  # fmt: skip
+# Found: padding's position_ids are 0, as TRL's collator pads them.
+@example(_case("text", [{"text": "a longer one"}, {"text": "b"}], batch_size=2))
+# The issue's: a tokenized record's completion_mask with completion_only_loss.
+@example(_case("tokenized", [{"input_ids": [5, 6, 7, 8], "completion_mask": [0, 0, 1, 1]}],
+               loss={"completion_only_loss": True}))  # fmt: skip
 def test_text_and_prompt_completion_records_are_trls(case: DataCase) -> None:
     """Text, prompt/completion, alpaca and tokenized records, every option: TRL's sequences, element for element."""
     _assert_same_rows(case)
 
 
+_CHAT = [{"role": "user", "content": " Hi \n"}, {"role": "assistant", "content": "\tHello  "}]
+
+
 @settings(max_examples=trl_examples())
 @given(data_cases(chat=True))
+# The issue's: TRL's Qwen 2.5 training template marks the newline after <|im_end|>, and it is trained.
+@example(_case("messages", [{"messages": _CHAT}], chat_template=chat_templates()["qwen2_5_training"],
+               loss={"assistant_only_loss": True}))  # fmt: skip
+# Found: ShareGPT's role names are the template's (TRL gets the same conversation as messages).
+@example(_case("sharegpt", [{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}],
+               trl_records=[{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}],
+               chat_template=chat_templates()["fallback"]))  # fmt: skip
 def test_conversations_are_trls(case: DataCase) -> None:
     """Messages, ShareGPT and conversational prompt/completion records under chat templates with generation markers,
     every option: TRL's sequences, element for element."""
@@ -166,4 +198,4 @@ def test_the_strategies_reach_every_format_and_option() -> None:
     draw()
     assert seen["format"] >= {"text", "prompt_completion", "alpaca", "tokenized", "messages", "sharegpt"}
     assert seen["packing"] == {None, "bfd", "bfd_split", "wrapped"}
-    assert seen["eos"] == {None, "<|im_end|>"} and seen["pf"] == {True, False}
+    assert seen["eos"] == {None, "<|im_end|>", "<extra_id_0>"} and seen["pf"] == {True, False}

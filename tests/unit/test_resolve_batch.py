@@ -252,10 +252,10 @@ def test_training_get_warmup_steps() -> None:
 
 
 def test_micro_batches_of_an_epoch_under_sequence_and_tensor_parallelism() -> None:
-    """What Session.fit's loader gives each rank: AutoTP groups read one share (world / tp replicas); a
-    sequence-parallel rank takes a shard of each of its group's micro-batches (sp times its own)."""
+    """What Session.fit's loader gives each rank: AutoTP and sequence-parallel groups read one share (world / tp or
+    world / sp replicas); a sequence-parallel rank takes its shard of each micro-batch."""
     from dsbuild.resolve.schedule import micro_batches
 
     assert micro_batches(100, 4, 2, drop_last=False) == 13  # ceil(25 / 2)
     assert micro_batches(100, 4, 2, drop_last=False, tensor_parallel=2) == 25  # 50 samples each
-    assert micro_batches(100, 4, 2, drop_last=False, sequence_parallel=2) == 26  # 13 of its own, 13 of its partner's
+    assert micro_batches(100, 4, 2, drop_last=False, sequence_parallel=2) == 25  # 2 replicas of 50, as 2 processes
