@@ -14,9 +14,8 @@ A job file has five tables::
     [launch]     nproc_per_node, nnodes, device_mapping ([0, 1], "0-15", "0,1,2", "list(range(0,16))"),
                  gpus_per_node, infer_batch_size
 
-Paths in ``[model]``, ``[data]`` and ``strategy.config`` are relative to the job file;
-``training.output_dir`` is relative to the current directory, as in HF (default
-``out/<job file name>``). ``device_mapping`` is parsed, never evaluated.
+Every relative path in a job (``[model]``, ``[data]``, ``strategy.config`` and ``training.output_dir``, default
+``out/<job file name>``) is relative to the job file. ``device_mapping`` is parsed, never evaluated.
 
 ``load_job`` reports every problem of the file at once, in one ``ConfigError``
 whose ``source`` is the file, each under its ``section.key`` path. What needs the
@@ -32,9 +31,10 @@ training arguments the ``[training]`` table does not set, so a config and a tabl
 that each set a value once never disagree. Values set in both must agree
 (``validate`` reports a conflict otherwise).
 
-The package's rooms: ``spec`` (the parts of a job), ``reader`` (the file, checked),
-``complete`` (the run's training arguments and config), ``devices`` (``device_mapping``),
-``formats`` (the ``[data]`` formats) and ``core`` (``Job``, ``load_job``).
+The package's rooms: ``spec`` (the parts of a job, each key a field with its metadata), ``collect`` (the one
+reader of a table, driven by that metadata), ``readers`` (the keys read by hand and each table's checks, declared
+by table), ``reader`` (a job's tables read together), ``complete`` (the run's training arguments and config),
+``devices`` (``device_mapping``), ``formats`` (the ``[data]`` formats) and ``core`` (``Job``, ``load_job``).
 
 Nothing here imports torch, deepspeed, transformers or peft.
 """

@@ -17,7 +17,7 @@ from ..resolve.batch import degrees
 from ..resolve.schedule import micro_batches, optimizer_steps
 from ..resolve.training import Training
 from ..validate import Diagnostic, validate
-from .reader import JobReader, read_job_dict
+from .reader import read_job, read_job_dict
 from .spec import DataSpec, LaunchSpec, ModelSpec, StrategySpec
 
 __all__ = ["Job", "demo_job_path", "load_job"]
@@ -68,8 +68,8 @@ class Job:
         Raises one ``ConfigError`` listing every problem (``source`` names the file).
         """
         base = Path(base_dir) if base_dir is not None else Path.cwd()
-        reader = JobReader(base, source, name, Path(output_base) if output_base is not None else None)
-        return cls(**reader.job(data))
+        outputs = Path(output_base) if output_base is not None else None
+        return cls(**read_job(data, base_dir=base, source=source, name=name, output_base=outputs))
 
     @property
     def output_dir(self) -> Path:

@@ -74,6 +74,8 @@ class Key:
     """The JSON Schema of a key read by hand (``spec`` is ``None``), or of a nested table (``"$ref"`` to it)."""
     aliases: tuple[str, ...] = ()
     """Other spellings the reader takes for the same key (``rank`` for ``r``)."""
+    missing: str | None = None
+    """What a job that leaves out this required key is told (default ``"missing"``)."""
 
 
 def _key(
@@ -82,10 +84,11 @@ def _key(
     *,
     schema: Mapping[str, Any] | None = None,
     aliases: tuple[str, ...] = (),
+    missing: str | None = None,
     **field: Any,
 ) -> Any:
     """A field that is a key of its job table (``Key`` in its metadata)."""
-    return attrs.field(default=default, metadata={"job": Key(spec, schema, aliases)}, **field)
+    return attrs.field(default=default, metadata={"job": Key(spec, schema, aliases, missing)}, **field)
 
 
 def _typed(kind: Any, **bounds: Any) -> Spec:
@@ -174,10 +177,14 @@ class ModelSpec:
 class DataSpec:
     """``[data]``: the training (and evaluation) data."""
 
-    path: Path | str = _key(spec=_typed("str"))
+    path: Path | str = _key(
+        spec=_typed("str"), missing="missing: the training records (a data file or folder, or a hub dataset id)"
+    )
     """The training records: a data file or folder (absolute once read; given relative to the job file), a folder
     written by ``datasets``' ``save_to_disk``, or a hub dataset id (``owner/name``, a ``str``)."""
-    format: str = _key(spec=_typed("choice", choices=FORMATS))
+    format: str = _key(
+        spec=_typed("choice", choices=FORMATS), missing=f"missing: one of {', '.join(map(repr, FORMATS))}"
+    )
     """``"text"``, ``"alpaca"`` (instruction / input / output), ``"messages"`` (role / content turns),
     ``"sharegpt"`` (``conversations`` of from / value turns), ``"prompt_completion"`` (TRL's: ``prompt`` and
     ``completion`` strings, or lists of messages) or ``"tokenized"`` (``input_ids``, optionally ``labels`` and
@@ -291,15 +298,17 @@ class DataSpec:
 class StrategySpec:
     """``[strategy]``: how the model is trained; dsbuild runs ``deepspeed_train``."""
 
-    name: str = _key(spec=_typed("choice", choices=STRATEGIES))
-    """``"deepspeed_train"``."""
+    name: str = _key(STRATEGIES[0], _typed("choice", choices=STRATEGIES))
+    """``"deepspeed_train"`` (the default)."""
     config: Config = _key(
+        kw_only=True,
+        missing='missing: a preset name (e.g. "zero3"), a config file, or a table of ds_config keys',
         schema={
             "anyOf": [
                 {"type": "string", "minLength": 1, "description": "a preset name, or a config file next to the job"},
                 {"$ref": "#/$defs/ds_config"},
             ]
-        }
+        },
     )
     """The ds_config as written: the preset, file or inline table, with the overrides merged in."""
     ref: str = attrs.field(kw_only=True)

@@ -146,11 +146,11 @@ def test_every_problem_of_a_job_is_reported_at_once(tmp_path: Path) -> None:
         "trainig: unknown key (did you mean 'training'?)",
         "zero_optimization: unknown key (ds_config keys go under [strategy.overrides]: strategy.overrides.zero_optimization)",
         "model.lora_rank: unknown key (did you mean model.lora.r?)",
-        "model.config.vocab_size: got 256, expected at least 384 for the byte tokenizer (set vocab_size = 384)",
         "model.lora.r: got 0, expected an integer > 0",
         "model.lora.dropout: got 1.5, expected a number >= 0 and < 1",
-        "data.format: got 'csv', expected one of 'alpaca', 'messages', 'prompt_completion', 'sharegpt', 'text', 'tokenized'",
+        "model.config.vocab_size: got 256, expected at least 384 for the byte tokenizer (set vocab_size = 384)",
         f"data.path: no such file: {str(tmp_path / 'missing.jsonl')!r} (the training records, relative to the job file)",
+        "data.format: got 'csv', expected one of 'alpaca', 'messages', 'prompt_completion', 'sharegpt', 'text', 'tokenized'",
         "training.learning_rate: got 'fast', expected a number >= 0",
         "training.eval_steps: got -1, expected a number > 0",
         "strategy.name: got 'megatron_train', expected 'deepspeed_train' (the only strategy dsbuild runs)",
@@ -319,9 +319,9 @@ def test_bad_data_options_each_name_their_key(tmp_path: Path) -> None:
         ".parquet, .arrow, a folder of them, a save_to_disk folder or a hub dataset id)"
     ]
     assert problems(path, **{"data.path": "data/train.jsonl", "data.eval_split": 0.1, "data.eval_path": "x.csv"}) == [
-        "data.eval_split: both eval_path and eval_split are set (keep one)",
         f"data.path: no such file: {str(tmp_path / 'data/train.jsonl')!r} (the training records, relative to the job file)",
         f"data.eval_path: no such file: {str(tmp_path / 'x.csv')!r} (the evaluation records, relative to the job file)",
+        "data.eval_split: both eval_path and eval_split are set (keep one)",
     ]
 
 

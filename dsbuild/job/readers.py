@@ -1,0 +1,373 @@
+"""What a job's tables declare beyond their keys' ``Spec``s: the readers of the keys read by hand (``READERS``: a path
+relative to the job file, ROLL's spellings, a nested table) and each table's checks of its keys together (``CHECKS``),
+both used by ``collect.Collector``. A reader is ``(collector, value or ABSENT, path, table) -> value``; a check
+``(collector, values, path)`` reports what the keys cannot be together and adds what follows from them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+
+from .._util import dotted
+from .._util.safe_read import real_path, special_file
+from .._util.suggest import did_you_mean
+from ..api import Config
+from ..config.fields import describe
+from ..config.walk import leaves
+from ..errors import ConfigError
+from ..io.config_files import config_ref, merge, read_dict, read_table, to_config
+from ..io.presets import preset_path
+from ..resolve.resolution import model_hidden_size
+from .collect import ABSENT, BAD, Check, Collector, Reader
+from .devices import parse_device_mapping
+from .formats import (
+    CHAT_FORMATS,
+    DATA_SUFFIXES,
+    FIELDS,
+    TEMPLATE_KEYS,
+    TEMPLATED_FORMATS,
+    TEMPLATES,
+    is_hub_id,
+    template_problems,
+)
+from .spec import (
+    ALSO_READ,
+    ATTN_IMPLEMENTATIONS,
+    BYTE_TOKENIZER,
+    BYTE_VOCAB,
+    STRATEGIES,
+    DataSpec,
+    LaunchSpec,
+    LoraSpec,
+    ModelSpec,
+    StrategySpec,
+)
+
+__all__ = ["CHECKS", "READERS"]
+
+
+# -- paths relative to the job file --------------------------------------------------------------------------------
+
+
+def data_source(c: Collector, value: Any, path: str, _: Mapping[str, Any]) -> Any:
+    """A data file or folder (made absolute), or a hub dataset id (kept); anything else is a problem at ``path``."""
+    if value is ABSENT:
+        return ABSENT
+    what = "the evaluation records" if path.endswith("eval_path") else "the training records"
+    if not isinstance(value, str) or not value:
+        c.problem(path, f"got {describe(value)}, expected {what}: a file, a folder or a hub dataset id")
+        return ABSENT
+    candidate = real_path(c.base_dir / Path(value).expanduser())
+    special = special_file(candidate)
+    if special is not None:  # reading it would hang (a FIFO) or never end (a device)
+        c.problem(path, f"{str(candidate)!r} is {special}", f"expected {what}: a data file or folder")
+    elif candidate.is_file() and candidate.suffix.lower() not in DATA_SUFFIXES:
+        c.problem(
+            path,
+            f"not a data file dsbuild reads: {str(candidate)!r}",
+            f"expected {', '.join(DATA_SUFFIXES)}, a folder of them, a save_to_disk folder or a hub dataset id",
+        )
+    elif candidate.exists():
+        return candidate
+    elif is_hub_id(value):
+        return value
+    else:
+        c.problem(path, f"no such file: {str(candidate)!r}", f"{what}, relative to the job file")
+    return ABSENT
+
+
+def local_or_hub(c: Collector, value: str) -> str:
+    """A local directory (made absolute) or a hub id (kept)."""
+    candidate = real_path(c.base_dir / Path(value).expanduser())
+    return str(candidate) if candidate.exists() else value
+
+
+# -- [model] ---------------------------------------------------------------------------------------------------
+
+
+def model_config(c: Collector, value: Any, path: str, table: Mapping[str, Any]) -> Any:
+    """``[model.config]``: a table with ``model_type`` (its fields are checked against the class at launch)."""
+    if value is ABSENT:
+        return None
+    config = c.table(table, "config", path)
+    if config is BAD:
+        return None  # reported; nothing inside it to check
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        got = "missing" if model_type is None else f"got {describe(model_type)}, expected a string"
+        c.problem(f"{path}.model_type", got, 'e.g. model_type = "llama"')
+    return config
+
+
+def attn_implementation(c: Collector, value: Any, path: str, _: Mapping[str, Any]) -> Any:
+    if value is ABSENT:
+        return ABSENT
+    value = "flash_attention_2" if value == "fa2" else value  # ROLL's spelling
+    if isinstance(value, str) and (value in ATTN_IMPLEMENTATIONS or "/" in value):
+        return value
+    hint = did_you_mean(value, ATTN_IMPLEMENTATIONS) if isinstance(value, str) else None
+    c.problem(
+        path,
+        f"got {describe(value)}, expected one of {', '.join(map(repr, ATTN_IMPLEMENTATIONS))} or a kernels hub id",
+        hint,
+    )
+    return ABSENT
+
+
+def lora(c: Collector, value: Any, path: str, table: Mapping[str, Any]) -> Any:
+    return None if value is ABSENT else c.collect(LoraSpec, c.table(table, "lora", path), path)
+
+
+def target_modules(c: Collector, value: Any, path: str, _: Mapping[str, Any]) -> Any:
+    """Module names: a list, ROLL's ``"o_proj,q_proj"``, or ``"all-linear"``."""
+    if value is ABSENT or value == "all-linear":
+        return value
+    names = tuple(x.strip() for x in value.split(",") if x.strip()) if isinstance(value, str) else value
+    if isinstance(names, (list, tuple)) and names and all(isinstance(x, str) and x for x in names):
+        return tuple(names)
+    c.problem(path, f'got {describe(value)}, expected a list of module names or "all-linear"')
+    return ABSENT
+
+
+def model_checks(c: Collector, values: dict[str, Any], path: str, table: Mapping[str, Any]) -> None:
+    name, config, tokenizer = values.get("name_or_path"), values.get("config"), values.get("tokenizer")
+    if name is not None and config is not None:
+        c.problem(path, "both name_or_path and [model.config] are set", "keep one")
+    elif name is None and config is None and "name_or_path" not in table:
+        c.problem(
+            f"{path}.name_or_path",
+            "missing: give a model directory or hub id, or a [model.config] table with model_type",
+        )
+    if tokenizer is None and config is not None and name is None:
+        c.problem(
+            f"{path}.tokenizer",
+            "missing: a model built from [model.config] needs a tokenizer",
+            f'use "{BYTE_TOKENIZER}" for the built-in byte-level tokenizer, or a tokenizer directory / hub id',
+        )
+    vocab = config.get("vocab_size") if tokenizer == BYTE_TOKENIZER and config is not None else None
+    if isinstance(vocab, int) and vocab < BYTE_VOCAB:
+        c.problem(f"{path}.config.vocab_size", f"got {vocab}, expected at least {BYTE_VOCAB} for the byte tokenizer",
+                  f"set vocab_size = {BYTE_VOCAB}")  # fmt: skip
+    if tokenizer is not None and tokenizer != BYTE_TOKENIZER:
+        values["tokenizer"] = local_or_hub(c, tokenizer)
+    if name is not None:
+        values["name_or_path"] = local_or_hub(c, name)
+    values["hidden_size"] = _hidden_size(config, values.get("name_or_path"))
+
+
+def _hidden_size(config: Mapping[str, Any] | None, name_or_path: str | None) -> int | None:
+    """The model's hidden size when it can be read without loading anything: a config table or a local directory."""
+    table: Any = config
+    if table is None and name_or_path is not None:
+        file = Path(name_or_path) / "config.json"
+        if not file.is_file():
+            return None
+        try:
+            table = read_table(file)
+        except ConfigError:
+            return None
+    found = model_hidden_size(table) if isinstance(table, Mapping) else None
+    return found if isinstance(found, int) else None
+
+
+# -- [data] ----------------------------------------------------------------------------------------------------
+
+
+def eval_split(c: Collector, value: Any, path: str, _: Mapping[str, Any]) -> Any:
+    """A fraction of the training records held out, or the name of a split of their source."""
+    if value is ABSENT or (isinstance(value, str) and value):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 1:
+        return float(value)
+    c.problem(
+        path, f'got {describe(value)}, expected a fraction between 0 and 1 (0.05) or the name of a split ("test")'
+    )
+    return ABSENT
+
+
+def template(c: Collector, value: Any, path: str, _: Mapping[str, Any]) -> Any:
+    """A packaged template's name, or a table of the two prompts."""
+    if value is ABSENT or (isinstance(value, str) and value in TEMPLATES):
+        return value
+    if not isinstance(value, Mapping):
+        names = ", ".join(map(repr, TEMPLATES))
+        hint = did_you_mean(value, TEMPLATES) if isinstance(value, str) else None
+        c.problem(
+            path, f"got {describe(value)}, expected one of {names} or a table with {' and '.join(TEMPLATE_KEYS)}", hint
+        )
+        return ABSENT
+    c.unknown(value, TEMPLATE_KEYS, path)
+    prompts = {key: value.get(key) for key in TEMPLATE_KEYS}
+    for key, text in prompts.items():
+        if not isinstance(text, str):
+            c.problem(f"{path}.{key}", "missing" if text is None else f"got {describe(text)}, expected a string")
+    written = {key: text for key, text in prompts.items() if isinstance(text, str)}
+    if len(written) < len(prompts):
+        return ABSENT
+    for key, message in template_problems(written):
+        c.problem(f"{path}.{key}", message)
+    return written["prompt_no_input"], written["prompt_input"]
+
+
+def columns(c: Collector, value: Any, path: str, table: Mapping[str, Any]) -> Any:
+    """``[data.columns]`` (and ``data.text_field`` / TRL's ``dataset_text_field``): the file's names for fields."""
+    found = c.table(table, "columns", path)
+    fields = FIELDS.get(str(table.get("format", "")), ())
+    if found is not BAD and fields:
+        c.unknown(found, fields, path)
+    named: dict[str, str] = {}
+    for key, name in found.items():
+        if not isinstance(name, str) or not name:
+            c.problem(f"{path}.{key}", f"got {describe(name)}, expected a field name")
+        elif key in fields or not fields:
+            named[key] = name
+    for key, also in ALSO_READ[DataSpec].items():  # dsbuild's name and TRL's
+        if key in table:
+            assert also.spec is not None
+            text_field = c.value(table[key], f"data.{key}", also.spec)
+            if text_field is not ABSENT and named.get("text", text_field) != text_field:
+                c.problem(f"data.{key}", "the text field is named twice, differently", "keep one")
+            elif text_field is not ABSENT:
+                named["text"] = text_field
+    return {key: name for key, name in named.items() if name != key}
+
+
+def data_checks(c: Collector, values: dict[str, Any], path: str, table: Mapping[str, Any]) -> None:
+    fmt = values.get("format")
+    if values.get("train_on_prompt"):
+        for key in ("assistant_only_loss", "completion_only_loss"):
+            if values.get(key) is True:
+                c.problem(f"{path}.{key}", f"both train_on_prompt and {key} are set, and they disagree", "keep one")
+    if "packing_strategy" in values and values.get("packing") is not True:
+        c.problem(f"{path}.packing_strategy", "set, but packing is off", "set packing = true, or drop it")
+    if values.get("eos_token") == "":
+        c.problem(f"{path}.eos_token", 'empty, expected a token (e.g. "<|im_end|>")')
+    if "eval_path" in table and values.get("eval_split") is not None:
+        c.problem(f"{path}.eval_split", "both eval_path and eval_split are set", "keep one")
+    if values.get("chat_template") is not None and fmt is not None and fmt not in TEMPLATED_FORMATS:
+        chats = ", ".join(map(repr, TEMPLATED_FORMATS))
+        c.problem(f"{path}.chat_template", f"only {chats} records use a chat template; the format is {fmt!r}")
+    if (
+        values.get("assistant_only_loss") is True
+        and fmt is not None
+        and fmt not in (*CHAT_FORMATS, "prompt_completion")
+    ):
+        c.problem(f"{path}.assistant_only_loss", f"only conversations have assistant turns; the format is {fmt!r}",
+                  "leave it out (TRL refuses it for data that is not conversational)")  # fmt: skip
+
+
+# -- [strategy] ------------------------------------------------------------------------------------------------
+
+
+def strategy_name(c: Collector, value: Any, path: str, _: Mapping[str, Any]) -> Any:
+    if value is ABSENT or value in STRATEGIES:
+        return value
+    hint = did_you_mean(value, STRATEGIES) if isinstance(value, str) else None
+    c.problem(
+        path,
+        f"got {describe(value)}, expected {', '.join(map(repr, STRATEGIES))} (the only strategy dsbuild runs)",
+        hint,
+    )
+    return ABSENT
+
+
+def strategy_config(c: Collector, value: Any, path: str, _: Mapping[str, Any]) -> Any:
+    """What ``strategy.config`` names, as ``(the ds_config dict, what it is)``: a preset, a file next to the job, or
+    an inline table; ``strategy_checks`` merges the overrides over it."""
+    if isinstance(value, Mapping):
+        return dict(value), "inline table"
+    if not isinstance(value, str) or not value:
+        c.problem(path, f"got {describe(value)}, expected a preset name, a file or a table")
+        return ABSENT
+    try:
+        file = config_ref(value, c.base_dir)  # the rule Session and the CLI follow
+        if file is not None:
+            return read_dict(real_path(file))[0], f"file {value}"
+        return read_dict(preset_path(value))[0], f"preset {value}"
+    except ConfigError as e:
+        where = f"{e.source}: " if e.source else ""
+        for p in e.problems:
+            c.problem(path, f"{where}{p}")
+        c.unreadable = c.unreadable or not e.fails_checks
+        return ABSENT
+
+
+def overrides(c: Collector, value: Any, path: str, table: Mapping[str, Any]) -> Any:
+    return ABSENT if value is ABSENT else c.table(table, "overrides", path)
+
+
+def strategy_checks(c: Collector, values: dict[str, Any], path: str, table: Mapping[str, Any]) -> None:
+    """The config with the overrides merged in, read as a ds_config; its problems under the key that set them."""
+    if "config" not in values:
+        return
+    base, label = values["config"]
+    table = values.get("overrides", {})
+    where = c.source or "job"
+    try:
+        config = to_config(merge(base, table), source=where, label=f"{label} in {where}", cls=Config)
+    except ConfigError as e:
+        for p in e.problems:
+            c.problems.append(p.prefixed(f"{path}.overrides" if dotted.sets(table, p.path) else f"{path}.config"))
+        return
+    marks = {key: f"[strategy.overrides] in {where}" for key, _ in leaves(table)}
+    values["config"] = attrs.evolve(config, provenance={**config.provenance, **marks})
+    values["ref"] = label
+
+
+# -- [launch] --------------------------------------------------------------------------------------------------
+
+
+def device_mapping(c: Collector, value: Any, path: str, _: Mapping[str, Any]) -> Any:
+    if value is ABSENT:
+        return ABSENT
+    try:
+        return parse_device_mapping(value)
+    except ConfigError as e:
+        c.problems.extend(p.prefixed(path) for p in e.problems)
+        return ABSENT
+
+
+def launch_checks(c: Collector, values: dict[str, Any], path: str, table: Mapping[str, Any]) -> None:
+    """The processes per node from the device mapping (or checked against it)."""
+    mapping, nnodes = values.get("device_mapping"), values.get("nnodes", 1)
+    if mapping is None:
+        return
+    nproc = values.get("nproc_per_node")
+    if nproc is None and len(mapping) % nnodes:
+        c.problem(f"{path}.device_mapping", f"{len(mapping)} devices cannot be shared evenly by {nnodes} nodes",
+                  "list nproc_per_node x nnodes devices")  # fmt: skip
+    elif nproc is None:
+        values["nproc_per_node"] = len(mapping) // nnodes
+    elif len(mapping) != nproc * nnodes:
+        c.problem(f"{path}.device_mapping", f"{len(mapping)} devices for {nnodes} node(s) x {nproc} process(es) per node",
+                  "list one device per process, or leave nproc_per_node out")  # fmt: skip
+
+
+READERS: Final[dict[tuple[type, str], Reader]] = {
+    (ModelSpec, "config"): model_config,
+    (ModelSpec, "attn_implementation"): attn_implementation,
+    (ModelSpec, "lora"): lora,
+    (LoraSpec, "target_modules"): target_modules,
+    (DataSpec, "path"): data_source,
+    (DataSpec, "eval_path"): data_source,
+    (DataSpec, "eval_split"): eval_split,
+    (DataSpec, "template"): template,
+    (DataSpec, "columns"): columns,
+    (StrategySpec, "name"): strategy_name,
+    (StrategySpec, "config"): strategy_config,
+    (StrategySpec, "overrides"): overrides,
+    (LaunchSpec, "device_mapping"): device_mapping,
+}
+"""The keys read by hand, by table and key."""
+
+CHECKS: Final[dict[type, tuple[Check, ...]]] = {
+    ModelSpec: (model_checks,),
+    DataSpec: (data_checks,),
+    StrategySpec: (strategy_checks,),
+    LaunchSpec: (launch_checks,),
+}
+"""Each table's checks of its keys together, in order."""
