@@ -6,7 +6,7 @@ import argparse
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import DsbuildError, UnresolvedAutoError
 from .args import CONSUMERS, FORMATS, Commands, add_run_facts, add_target, positive_int
@@ -103,8 +103,7 @@ def add_export(commands: Commands) -> None:
 
 def _export(args: argparse.Namespace) -> int:
     from .._util.atomic import write_atomic
-    from ..interop import accelerate_config, for_hf, to_yaml, training_arguments, zero_stage
-    from ..resolve.batch import degrees
+    from ..interop import for_hf, training_arguments
     from ..validate import validate
     from .common import (
         for_accelerate_of,
@@ -118,27 +117,10 @@ def _export(args: argparse.Namespace) -> int:
 
     output = Path(args.output)
     accelerate = args.consumer == "accelerate"
-    ds_path: Path | None = None
-    if accelerate:
-        fmt = "yaml"
-        if output.suffix.lower() not in (".yaml", ".yml"):
-            error(f"{output}: --for accelerate writes an Accelerate config: name it .yaml or .yml")
-            return 2
-        ds_path = _ds_config_path(output, args.ds_config)
-        if ds_path is None:
-            return 2
-    elif args.ds_config is not None:
-        error("--ds-config names the ds_config that --for accelerate writes beside its YAML: use -o for this export")
+    usage = _export_usage(args, output)
+    if usage is None:
         return 2
-    else:
-        fmt = args.format or output.suffix.lower().lstrip(".")
-    if fmt not in (*FORMATS, "yaml"):
-        error(f"{output}: cannot tell the output format from its suffix: use --format json|toml or a .json/.toml name")
-        return 2
-    if args.resolve and args.consumer != "deepspeed":
-        tool = "Accelerate" if accelerate else "the HF Trainer"
-        error(f'--resolve fills the "auto" values that --for {args.consumer} leaves for {tool}: use one or the other')
-        return 2
+    fmt, ds_path = usage
     if args.check:
         # A value the reader refuses is a config that fails its checks (exit 1), as validate says; not unreadable.
         rejected = load_problems(args.config, args.set)
@@ -172,17 +154,7 @@ def _export(args: argparse.Namespace) -> int:
         if errors:
             return _not_written(args.config, errors)
     if ds_path is not None:
-        config.to_json(ds_path)
-        settings = accelerate_config(
-            str(ds_path),
-            num_processes=world_size,
-            num_machines=job.launch.nnodes if job is not None else 1,
-            zero3_init=zero_stage(config) == 3,
-            sequence_parallel=degrees(config)[0],
-            attn_implementation=(job.model.attn_implementation if job is not None else None) or "sdpa",
-        )
-        write_atomic(output, to_yaml(settings))
-        out(f"wrote {output}, {ds_path}  (accelerate launch --config_file {output} your_script.py)")
+        _write_for_accelerate(config, output, ds_path, job, world_size)
         return 0
     written = config.to_json(output) if fmt == "json" else config.to_toml(output)
     if args.consumer == "hf" and job is not None:
@@ -196,6 +168,52 @@ def _export(args: argparse.Namespace) -> int:
         return 0
     out(f"wrote {written}")
     return 0
+
+
+def _export_usage(args: argparse.Namespace, output: Path) -> tuple[str, Path | None] | None:
+    """The output format and, ``--for accelerate``, where its ds_config goes; ``None`` after saying what is wrong."""
+    accelerate = args.consumer == "accelerate"
+    ds_path: Path | None = None
+    if accelerate:
+        fmt = "yaml"
+        if output.suffix.lower() not in (".yaml", ".yml"):
+            error(f"{output}: --for accelerate writes an Accelerate config: name it .yaml or .yml")
+            return None
+        ds_path = _ds_config_path(output, args.ds_config)
+        if ds_path is None:
+            return None
+    elif args.ds_config is not None:
+        error("--ds-config names the ds_config that --for accelerate writes beside its YAML: use -o for this export")
+        return None
+    else:
+        fmt = args.format or output.suffix.lower().lstrip(".")
+    if fmt not in (*FORMATS, "yaml"):
+        error(f"{output}: cannot tell the output format from its suffix: use --format json|toml or a .json/.toml name")
+        return None
+    if args.resolve and args.consumer != "deepspeed":
+        tool = "Accelerate" if accelerate else "the HF Trainer"
+        error(f'--resolve fills the "auto" values that --for {args.consumer} leaves for {tool}: use one or the other')
+        return None
+    return fmt, ds_path
+
+
+def _write_for_accelerate(config: Any, output: Path, ds_path: Path, job: Any, world_size: int) -> None:
+    """``--for accelerate``: the ds_config, and the Accelerate config that names it."""
+    from .._util.atomic import write_atomic
+    from ..interop import accelerate_config, to_yaml, zero_stage
+    from ..resolve.batch import degrees
+
+    config.to_json(ds_path)
+    settings = accelerate_config(
+        str(ds_path),
+        num_processes=world_size,
+        num_machines=job.launch.nnodes if job is not None else 1,
+        zero3_init=zero_stage(config) == 3,
+        sequence_parallel=degrees(config)[0],
+        attn_implementation=(job.model.attn_implementation if job is not None else None) or "sdpa",
+    )
+    write_atomic(output, to_yaml(settings))
+    out(f"wrote {output}, {ds_path}  (accelerate launch --config_file {output} your_script.py)")
 
 
 def _ds_config_path(output: Path, given: Path | None) -> Path | None:

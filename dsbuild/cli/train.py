@@ -36,6 +36,13 @@ def add_train(commands: Commands) -> None:
         metavar="KEY=VALUE",
         help='override a job value, in TOML syntax (training.max_steps=100, launch.device_mapping="0-3")',
     )
+    _where_options(p)
+    _again_options(p)
+    p.set_defaults(handler=_train)
+
+
+def _where_options(p: argparse.ArgumentParser) -> None:
+    """Where the processes run: per node, nodes, this node's place, the backend."""
     p.add_argument("--nproc-per-node", type=positive_int, metavar="N", help="processes per node (default: the job's)")
     p.add_argument(
         "--nnodes",
@@ -63,6 +70,21 @@ def add_train(commands: Commands) -> None:
         metavar="PORT",
         help="a free port on node 0 (default 29500; in a Slurm job MASTER_PORT, else one from SLURM_JOB_ID)",
     )
+    p.add_argument(
+        "--backend",
+        choices=("torchrun", "ray"),
+        help="what starts the processes: torchrun (default), or Ray Train's workers on a Ray cluster (docs/ray.md; "
+        "default: the job's launch.backend)",
+    )
+    p.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="with --backend ray: the Ray cluster to run on (default: RAY_ADDRESS, else a local cluster started here)",
+    )
+
+
+def _again_options(p: argparse.ArgumentParser) -> None:
+    """An earlier run in the output folder, a stop, a NaN."""
     again = p.add_mutually_exclusive_group()
     again.add_argument(
         "--resume",
@@ -90,18 +112,6 @@ def add_train(commands: Commands) -> None:
             "sbatch script serves the first run and every requeue"
         ),
     )
-    p.add_argument(
-        "--backend",
-        choices=("torchrun", "ray"),
-        help="what starts the processes: torchrun (default), or Ray Train's workers on a Ray cluster (docs/ray.md; "
-        "default: the job's launch.backend)",
-    )
-    p.add_argument(
-        "--ray-address",
-        metavar="ADDR",
-        help="with --backend ray: the Ray cluster to run on (default: RAY_ADDRESS, else a local cluster started here)",
-    )
-    p.set_defaults(handler=_train)
 
 
 def _train(args: argparse.Namespace) -> int:

@@ -39,7 +39,7 @@ __all__ = ["ConfigBase"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
-C = TypeVar("C", bound="ConfigBase")
+C = TypeVar("C")
 
 
 class _verb(Generic[P]):
@@ -176,7 +176,201 @@ _SCHEDULER_ALIASES = {
 }
 
 
-class ConfigBase(ConfigFields):
+T = TypeVar("T")
+
+
+def _evolved(config: T, **changes: Any) -> T:
+    """``attrs.evolve`` of a config from a verb of one of its mixins (which mypy does not see as attrs classes)."""
+    evolved: T = attrs.evolve(config, **changes)  # type: ignore[misc]
+    return evolved
+
+
+class _OptimizerVerbs:
+    """The optimizer verbs of ``ConfigBase``: DeepSpeed's optimizers by name, their params typed."""
+
+    __slots__ = ()
+
+    @_verb
+    def adamw(
+        self,
+        /,
+        lr: float | Auto | None = None,
+        betas: tuple[float, float] | list[float] | Auto | None = None,
+        eps: float | Auto | None = None,
+        weight_decay: float | Auto | None = None,
+        **params: Any,
+    ) -> Self:
+        """DeepSpeed's AdamW (fused on GPU, CPU Adam with offload)."""
+        return self.optimizer("AdamW", **_set(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay), **params)
+
+    @_verb
+    def adam(
+        self,
+        /,
+        lr: float | Auto | None = None,
+        betas: tuple[float, float] | list[float] | Auto | None = None,
+        eps: float | Auto | None = None,
+        weight_decay: float | Auto | None = None,
+        **params: Any,
+    ) -> Self:
+        """DeepSpeed's Adam (``adam_w_mode`` defaults to true in DeepSpeed, i.e. AdamW)."""
+        return self.optimizer("Adam", **_set(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay), **params)
+
+    @_verb
+    def lamb(self, /, lr: float | Auto | None = None, weight_decay: float | Auto | None = None, **params: Any) -> Self:
+        """DeepSpeed's LAMB (FusedLamb)."""
+        return self.optimizer("Lamb", **_set(lr=lr, weight_decay=weight_decay), **params)
+
+    @_verb
+    def lion(self, /, lr: float | Auto | None = None, weight_decay: float | Auto | None = None, **params: Any) -> Self:
+        """DeepSpeed's Lion."""
+        return self.optimizer("Lion", **_set(lr=lr, weight_decay=weight_decay), **params)
+
+    @_verb
+    def adagrad(
+        self, /, lr: float | Auto | None = None, weight_decay: float | Auto | None = None, **params: Any
+    ) -> Self:
+        """DeepSpeed's Adagrad (CPU Adagrad)."""
+        return self.optimizer("Adagrad", **_set(lr=lr, weight_decay=weight_decay), **params)
+
+    @_verb
+    def muon(
+        self,
+        /,
+        lr: float | Auto | None = None,
+        muon_lr: float | Auto | None = None,
+        adam_lr: float | Auto | None = None,
+        momentum: float | Auto | None = None,
+        weight_decay: float | Auto | None = None,
+        **params: Any,
+    ) -> Self:
+        """DeepSpeed's Muon: Muon on the hidden 2-D weights, an auxiliary Adam on the rest (``betas``, ``eps``,
+        ``adam_w_mode``, ``ns_method``, ``per_head_muon`` as keywords)."""
+        given = _set(lr=lr, muon_lr=muon_lr, adam_lr=adam_lr, momentum=momentum, weight_decay=weight_decay)
+        return self.optimizer("Muon", **given, **params)
+
+    @_verb
+    def optimizer(self, /, type: str, **params: Any) -> Self:  # noqa: A002 - DeepSpeed's key is "type"
+        """Any optimizer by DeepSpeed name (typed params) or ``torch.optim`` class name (params as given)."""
+        if not isinstance(type, str) or not type:
+            raise InvalidValueError(Problem("optimizer.type", f"got {f.describe(type)}, expected an optimizer name"))
+        cls = optimizer_params_class(type)
+        typed: Any = (
+            _build(cls, "optimizer.params", params) if cls is not None else _json_params("optimizer.params", params)
+        )
+        return _evolved(self, optimizer=Optimizer(type=type, params=typed))
+
+
+class _SchedulerVerbs:
+    """The scheduler verbs of ``ConfigBase``: DeepSpeed's schedulers, their params typed (HF's short names too)."""
+
+    __slots__ = ()
+
+    def _scheduler(self, type: str, cls: type, params: dict[str, Any]) -> Self:  # noqa: A002
+        fields = _with_aliases(params, _SCHEDULER_ALIASES, "scheduler.params")
+        return _evolved(self, scheduler=Scheduler(type=type, params=_build(cls, "scheduler.params", fields)))
+
+    @_options
+    def warmup_lr(
+        self,
+        given: dict[str, Any],
+        /,
+        *,
+        warmup_min_lr: float | Auto | None = None,
+        warmup_max_lr: float | Auto | None = None,
+        warmup_num_steps: int | float | Auto | None = None,
+        warmup_type: str | Auto | None = None,
+        last_batch_iteration: int | float | Auto | None = None,
+        warmup_steps: int | float | Auto | None = None,
+        min_lr: float | Auto | None = None,
+        max_lr: float | Auto | None = None,
+        **unknown: Never,
+    ) -> Self:
+        """``WarmupLR``: warm up from ``warmup_min_lr`` to ``warmup_max_lr`` over ``warmup_num_steps`` (alias ``warmup_steps``), then hold."""
+        return self._scheduler("WarmupLR", WarmupLRParams, given)
+
+    @_options
+    def warmup_decay_lr(
+        self,
+        given: dict[str, Any],
+        /,
+        *,
+        total_num_steps: int | float | Auto | None = None,
+        warmup_min_lr: float | Auto | None = None,
+        warmup_max_lr: float | Auto | None = None,
+        warmup_num_steps: int | float | Auto | None = None,
+        warmup_type: str | Auto | None = None,
+        last_batch_iteration: int | float | Auto | None = None,
+        warmup_steps: int | float | Auto | None = None,
+        total_steps: int | float | Auto | None = None,
+        min_lr: float | Auto | None = None,
+        max_lr: float | Auto | None = None,
+        **unknown: Never,
+    ) -> Self:
+        """``WarmupDecayLR``: warm up, then decay linearly to 0 at ``total_num_steps`` (alias ``total_steps``)."""
+        return self._scheduler("WarmupDecayLR", WarmupDecayLRParams, given)
+
+    @_options
+    def warmup_cosine_lr(
+        self,
+        given: dict[str, Any],
+        /,
+        *,
+        total_num_steps: int | float | Auto | None = None,
+        warmup_min_ratio: float | Auto | None = None,
+        warmup_num_steps: int | float | Auto | None = None,
+        cos_min_ratio: float | Auto | None = None,
+        warmup_type: str | Auto | None = None,
+        last_batch_iteration: int | float | Auto | None = None,
+        warmup_steps: int | float | Auto | None = None,
+        total_steps: int | float | Auto | None = None,
+        **unknown: Never,
+    ) -> Self:
+        """``WarmupCosineLR``: warm up, then cosine decay; ratios of the optimizer's lr."""
+        return self._scheduler("WarmupCosineLR", WarmupCosineLRParams, given)
+
+    @_options
+    def one_cycle(
+        self,
+        given: dict[str, Any],
+        /,
+        *,
+        cycle_min_lr: float | Auto | None = None,
+        cycle_max_lr: float | Auto | None = None,
+        decay_lr_rate: float | Auto | None = None,
+        cycle_first_step_size: int | float | Auto | None = None,
+        cycle_second_step_size: int | float | Auto | None = None,
+        cycle_first_stair_count: int | float | Auto | None = None,
+        cycle_second_stair_count: int | float | Auto | None = None,
+        decay_step_size: int | float | Auto | None = None,
+        cycle_momentum: bool | Auto | None = None,
+        cycle_min_mom: float | Auto | None = None,
+        cycle_max_mom: float | Auto | None = None,
+        decay_mom_rate: float | Auto | None = None,
+        last_batch_iteration: int | float | Auto | None = None,
+        **unknown: Never,
+    ) -> Self:
+        """``OneCycle``: the 1-cycle policy between ``cycle_min_lr`` and ``cycle_max_lr``."""
+        return self._scheduler("OneCycle", OneCycleParams, given)
+
+    @_options
+    def lr_range_test(
+        self,
+        given: dict[str, Any],
+        /,
+        *,
+        lr_range_test_min_lr: float | Auto | None = None,
+        lr_range_test_step_size: int | float | Auto | None = None,
+        lr_range_test_step_rate: float | Auto | None = None,
+        lr_range_test_staircase: bool | Auto | None = None,
+        last_batch_iteration: int | float | Auto | None = None,
+        **unknown: Never,
+    ) -> Self:
+        """``LRRangeTest``: grow the lr from ``lr_range_test_min_lr`` to find a good range."""
+        return self._scheduler("LRRangeTest", LRRangeTestParams, given)
+
+
+class ConfigBase(ConfigFields, _OptimizerVerbs, _SchedulerVerbs):
     """A ds_config's fields and its fluent builder (``dsbuild.Config`` adds reading, writing, checking, resolving).
 
     A plain subclass: the fields, ``__init__``, equality and hashing are ``ConfigFields``'s (attrs writes them
@@ -360,179 +554,6 @@ class ConfigBase(ConfigFields):
     def fp32(self, /) -> Self:
         """Train in full fp32: no ``fp16`` or ``bf16`` section."""
         return attrs.evolve(self, fp16=None, bf16=None)
-
-    @_verb
-    def adamw(
-        self,
-        /,
-        lr: float | Auto | None = None,
-        betas: tuple[float, float] | list[float] | Auto | None = None,
-        eps: float | Auto | None = None,
-        weight_decay: float | Auto | None = None,
-        **params: Any,
-    ) -> Self:
-        """DeepSpeed's AdamW (fused on GPU, CPU Adam with offload)."""
-        return self.optimizer("AdamW", **_set(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay), **params)
-
-    @_verb
-    def adam(
-        self,
-        /,
-        lr: float | Auto | None = None,
-        betas: tuple[float, float] | list[float] | Auto | None = None,
-        eps: float | Auto | None = None,
-        weight_decay: float | Auto | None = None,
-        **params: Any,
-    ) -> Self:
-        """DeepSpeed's Adam (``adam_w_mode`` defaults to true in DeepSpeed, i.e. AdamW)."""
-        return self.optimizer("Adam", **_set(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay), **params)
-
-    @_verb
-    def lamb(self, /, lr: float | Auto | None = None, weight_decay: float | Auto | None = None, **params: Any) -> Self:
-        """DeepSpeed's LAMB (FusedLamb)."""
-        return self.optimizer("Lamb", **_set(lr=lr, weight_decay=weight_decay), **params)
-
-    @_verb
-    def lion(self, /, lr: float | Auto | None = None, weight_decay: float | Auto | None = None, **params: Any) -> Self:
-        """DeepSpeed's Lion."""
-        return self.optimizer("Lion", **_set(lr=lr, weight_decay=weight_decay), **params)
-
-    @_verb
-    def adagrad(
-        self, /, lr: float | Auto | None = None, weight_decay: float | Auto | None = None, **params: Any
-    ) -> Self:
-        """DeepSpeed's Adagrad (CPU Adagrad)."""
-        return self.optimizer("Adagrad", **_set(lr=lr, weight_decay=weight_decay), **params)
-
-    @_verb
-    def muon(
-        self,
-        /,
-        lr: float | Auto | None = None,
-        muon_lr: float | Auto | None = None,
-        adam_lr: float | Auto | None = None,
-        momentum: float | Auto | None = None,
-        weight_decay: float | Auto | None = None,
-        **params: Any,
-    ) -> Self:
-        """DeepSpeed's Muon: Muon on the hidden 2-D weights, an auxiliary Adam on the rest (``betas``, ``eps``,
-        ``adam_w_mode``, ``ns_method``, ``per_head_muon`` as keywords)."""
-        given = _set(lr=lr, muon_lr=muon_lr, adam_lr=adam_lr, momentum=momentum, weight_decay=weight_decay)
-        return self.optimizer("Muon", **given, **params)
-
-    @_verb
-    def optimizer(self, /, type: str, **params: Any) -> Self:  # noqa: A002 - DeepSpeed's key is "type"
-        """Any optimizer by DeepSpeed name (typed params) or ``torch.optim`` class name (params as given)."""
-        if not isinstance(type, str) or not type:
-            raise InvalidValueError(Problem("optimizer.type", f"got {f.describe(type)}, expected an optimizer name"))
-        cls = optimizer_params_class(type)
-        typed: Any = (
-            _build(cls, "optimizer.params", params) if cls is not None else _json_params("optimizer.params", params)
-        )
-        return attrs.evolve(self, optimizer=Optimizer(type=type, params=typed))
-
-    def _scheduler(self, type: str, cls: type, params: dict[str, Any]) -> Self:  # noqa: A002
-        fields = _with_aliases(params, _SCHEDULER_ALIASES, "scheduler.params")
-        return attrs.evolve(self, scheduler=Scheduler(type=type, params=_build(cls, "scheduler.params", fields)))
-
-    @_options
-    def warmup_lr(
-        self,
-        given: dict[str, Any],
-        /,
-        *,
-        warmup_min_lr: float | Auto | None = None,
-        warmup_max_lr: float | Auto | None = None,
-        warmup_num_steps: int | float | Auto | None = None,
-        warmup_type: str | Auto | None = None,
-        last_batch_iteration: int | float | Auto | None = None,
-        warmup_steps: int | float | Auto | None = None,
-        min_lr: float | Auto | None = None,
-        max_lr: float | Auto | None = None,
-        **unknown: Never,
-    ) -> Self:
-        """``WarmupLR``: warm up from ``warmup_min_lr`` to ``warmup_max_lr`` over ``warmup_num_steps`` (alias ``warmup_steps``), then hold."""
-        return self._scheduler("WarmupLR", WarmupLRParams, given)
-
-    @_options
-    def warmup_decay_lr(
-        self,
-        given: dict[str, Any],
-        /,
-        *,
-        total_num_steps: int | float | Auto | None = None,
-        warmup_min_lr: float | Auto | None = None,
-        warmup_max_lr: float | Auto | None = None,
-        warmup_num_steps: int | float | Auto | None = None,
-        warmup_type: str | Auto | None = None,
-        last_batch_iteration: int | float | Auto | None = None,
-        warmup_steps: int | float | Auto | None = None,
-        total_steps: int | float | Auto | None = None,
-        min_lr: float | Auto | None = None,
-        max_lr: float | Auto | None = None,
-        **unknown: Never,
-    ) -> Self:
-        """``WarmupDecayLR``: warm up, then decay linearly to 0 at ``total_num_steps`` (alias ``total_steps``)."""
-        return self._scheduler("WarmupDecayLR", WarmupDecayLRParams, given)
-
-    @_options
-    def warmup_cosine_lr(
-        self,
-        given: dict[str, Any],
-        /,
-        *,
-        total_num_steps: int | float | Auto | None = None,
-        warmup_min_ratio: float | Auto | None = None,
-        warmup_num_steps: int | float | Auto | None = None,
-        cos_min_ratio: float | Auto | None = None,
-        warmup_type: str | Auto | None = None,
-        last_batch_iteration: int | float | Auto | None = None,
-        warmup_steps: int | float | Auto | None = None,
-        total_steps: int | float | Auto | None = None,
-        **unknown: Never,
-    ) -> Self:
-        """``WarmupCosineLR``: warm up, then cosine decay; ratios of the optimizer's lr."""
-        return self._scheduler("WarmupCosineLR", WarmupCosineLRParams, given)
-
-    @_options
-    def one_cycle(
-        self,
-        given: dict[str, Any],
-        /,
-        *,
-        cycle_min_lr: float | Auto | None = None,
-        cycle_max_lr: float | Auto | None = None,
-        decay_lr_rate: float | Auto | None = None,
-        cycle_first_step_size: int | float | Auto | None = None,
-        cycle_second_step_size: int | float | Auto | None = None,
-        cycle_first_stair_count: int | float | Auto | None = None,
-        cycle_second_stair_count: int | float | Auto | None = None,
-        decay_step_size: int | float | Auto | None = None,
-        cycle_momentum: bool | Auto | None = None,
-        cycle_min_mom: float | Auto | None = None,
-        cycle_max_mom: float | Auto | None = None,
-        decay_mom_rate: float | Auto | None = None,
-        last_batch_iteration: int | float | Auto | None = None,
-        **unknown: Never,
-    ) -> Self:
-        """``OneCycle``: the 1-cycle policy between ``cycle_min_lr`` and ``cycle_max_lr``."""
-        return self._scheduler("OneCycle", OneCycleParams, given)
-
-    @_options
-    def lr_range_test(
-        self,
-        given: dict[str, Any],
-        /,
-        *,
-        lr_range_test_min_lr: float | Auto | None = None,
-        lr_range_test_step_size: int | float | Auto | None = None,
-        lr_range_test_step_rate: float | Auto | None = None,
-        lr_range_test_staircase: bool | Auto | None = None,
-        last_batch_iteration: int | float | Auto | None = None,
-        **unknown: Never,
-    ) -> Self:
-        """``LRRangeTest``: grow the lr from ``lr_range_test_min_lr`` to find a good range."""
-        return self._scheduler("LRRangeTest", LRRangeTestParams, given)
 
     @_verb
     def batch(

@@ -6,8 +6,8 @@ less its headroom) and its CPU need fits the node's CPU memory.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final
 
 import attrs
 
@@ -210,50 +210,112 @@ def plan(
     lora: Mapping[str, Any] | None = None,
     sequence_parallel: int = 1,
 ) -> Plan:
-    """Memory per GPU of every ZeRO stage × offload choice, and the fastest config that fits.
+    """Memory per GPU of every ZeRO stage × offload choice, and the fastest config that fits (docs/planner.md).
 
-    Give ``params`` (a number or ``"7B"``) or ``model``: an HF config (object,
-    dict, ``config.json`` or its directory) or a model object. With both,
-    ``params`` is the total and ``model`` still gives the largest layer and
-    the shape. Budgets are bytes or sizes such as ``"80GiB"`` (``"80GB"`` is
-    10**9 bytes each); one not given always fits.
+    ``params`` (a number or ``"7B"``) or ``model`` (an HF config, ``config.json`` or its folder, or a model; with
+    both, ``params`` is the total and ``model`` gives the largest layer and the shape). Budgets are bytes or sizes
+    (``"80GiB"``); one not given always fits. Each GPU needs its model states, the activations of one micro-batch of
+    ``seq_len`` × ``micro_batch`` (as ``gradient_checkpointing``, ``flash_attention`` and ``sequence_parallel`` change
+    them) and the ``headroom``. NVMe rows need ``nvme_path``. ``lora`` (peft ``LoraConfig`` fields, with ``model``):
+    the adapters carry the states of training, the frozen base counts once in 16 bits."""
+    _check_arguments(
+        gpus_per_node=gpus_per_node, nodes=nodes, seq_len=seq_len, micro_batch=micro_batch,
+        gradient_checkpointing=gradient_checkpointing, flash_attention=flash_attention,
+        additional_buffer_factor=additional_buffer_factor, params=params, model=model,
+    )  # fmt: skip
+    size = count_params(model) if model is not None else None
+    counted = _counts(params, model, size, lora, largest_layer_params)
+    gpu_budget = parse_size(gpu_memory, "gpu_memory") if gpu_memory is not None else None
+    cpu_budget = parse_size(cpu_memory, "cpu_memory") if cpu_memory is not None else None
+    rule = Headroom(*parse_headroom(headroom, "headroom")) if headroom is not None else DEFAULT_HEADROOM
+    kept = rule.of(gpu_budget)
+    shape = size.shape if size is not None else None
+    acts = (
+        activations(micro_batch, seq_len, shape.hidden_size, shape.num_layers, num_heads=None if flash_attention
+                    else shape.num_heads, checkpointing=gradient_checkpointing, vocab_size=shape.vocab_size,
+                    sequence_parallel=sequence_parallel) if shape is not None else None
+    )  # fmt: skip
+    per_gpu = kept + (acts.total if acts is not None else 0)
+    # Activations grow with the micro-batch: what one sequence takes gives the most that fit in each row.
+    per_sequence = acts.total // micro_batch if acts is not None else None
 
-    Each GPU needs its model states, the activations of one micro-batch of
-    ``seq_len`` tokens × ``micro_batch`` sequences (from the model's shape;
-    with ``gradient_checkpointing``, full recomputation; with
-    ``flash_attention``, no stored attention scores), and the ``headroom``: a
-    size, a percent of the GPU or both, ``"2GiB+10%"`` by default.
+    def rows_on(n: int, *, nvme: bool = True) -> list[Row]:
+        need = (counted.trained, counted.largest, gpus_per_node, n, float(additional_buffer_factor), per_gpu)
+        return [
+            _row(stage, opt, par, *need, gpu_budget, cpu_budget, counted.frozen)
+            for stage, opt, par in SPEED_ORDER
+            if nvme or "nvme" not in (opt, par)
+        ]
 
-    NVMe rows are recommended only with ``nvme_path`` (a directory on a local NVMe drive). When nothing fits, the
-    reason names the fewest nodes on which a row without NVMe fits, and LoRA.
+    rows = tuple(_with_largest_micro_batch(r, gpu_budget, kept, per_sequence) for r in rows_on(nodes))
+    chosen = next((r for r in rows if r.fits and (nvme_path is not None or not _on_nvme(r))), None)
+    recommended = (
+        _config_for(chosen, counted.largest, gpus_per_node * nodes, nvme_path or DEFAULT_NVME_PATH) if chosen else None
+    )
+    more_nodes = None
+    if chosen is None and not any(r.fits and not _on_nvme(r) for r in rows):
+        more = (factor * nodes for factor in (2, 4, 8, 16))
+        wider = ((n, next((r for r in rows_on(n, nvme=False) if r.fits), None)) for n in more)
+        more_nodes = next(((n, found) for n, found in wider if found is not None), None)
+    notes = [
+        *([_NO_GPU] if gpu_budget is None else []),
+        *_notes(acts, rule, kept, gpu_memory, gpu_budget, gradient_checkpointing, flash_attention, sequence_parallel),
+        *counted.notes,
+        *_budget_notes(rows, cpu_budget, additional_buffer_factor),
+    ]
+    return Plan(
+        params=counted.total, largest_layer_params=counted.largest, gpus_per_node=gpus_per_node, nodes=nodes,
+        gpu_memory=gpu_budget, cpu_memory=cpu_budget, rows=rows, recommended=recommended, recommended_row=chosen,
+        reason=_reason(rows, chosen, gpu_budget, cpu_budget, kept, acts, nvme_path, more_nodes), notes=tuple(notes),
+        source=size.source if params is None and size is not None else "given", shape=shape, seq_len=seq_len,
+        micro_batch=micro_batch, gradient_checkpointing=gradient_checkpointing, flash_attention=flash_attention,
+        activations=acts, headroom=rule, headroom_bytes=kept, nvme_path=nvme_path,
+    )  # fmt: skip
 
-    ``lora`` (peft ``LoraConfig`` fields, with ``model``): a LoRA run. Its adapters (counted by peft on the meta
-    device) carry the model states of training; the frozen base is counted once, in 16 bits (2 bytes a parameter,
-    partitioned at stage 3, offloaded with the parameters), with no gradients or optimizer states.
-    ``sequence_parallel``: the run's Ulysses degree, which divides the activations each GPU holds.
-    """
-    problems: list[Problem] = []
-    for name, value in (
-        ("gpus_per_node", gpus_per_node),
-        ("nodes", nodes),
-        ("seq_len", seq_len),
-        ("micro_batch", micro_batch),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_COUNT:
-            problems.append(Problem(name, f"got {value!r}, expected a positive integer up to 1e15"))
-    for name, flag in (("gradient_checkpointing", gradient_checkpointing), ("flash_attention", flash_attention)):
-        if not isinstance(flag, bool):
-            problems.append(Problem(name, f"got {flag!r}, expected True or False"))
-    if not isinstance(additional_buffer_factor, int | float) or additional_buffer_factor < 1:
-        problems.append(
-            Problem("additional_buffer_factor", f"got {additional_buffer_factor!r}, expected a number >= 1")
-        )
+
+_ARGUMENTS: Final[dict[str, tuple[Callable[[Any], bool], str]]] = {
+    "gpus_per_node": (lambda v: _count_ok(v), "a positive integer up to 1e15"),
+    "nodes": (lambda v: _count_ok(v), "a positive integer up to 1e15"),
+    "seq_len": (lambda v: _count_ok(v), "a positive integer up to 1e15"),
+    "micro_batch": (lambda v: _count_ok(v), "a positive integer up to 1e15"),
+    "gradient_checkpointing": (lambda v: isinstance(v, bool), "True or False"),
+    "flash_attention": (lambda v: isinstance(v, bool), "True or False"),
+    "additional_buffer_factor": (lambda v: isinstance(v, int | float) and not isinstance(v, bool) and v >= 1,
+                                 "a number >= 1"),
+}  # fmt: skip
+"""``plan``'s arguments that are checked before anything is counted: what each must be."""
+
+
+def _count_ok(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and 1 <= value <= MAX_COUNT
+
+
+def _check_arguments(*, params: Any, model: Any, **arguments: Any) -> None:
+    """``InvalidValueError`` naming every argument that is not what ``_ARGUMENTS`` says, and a plan of nothing."""
+    problems = [
+        Problem(name, f"got {value!r}, expected {expected}")
+        for name, value in arguments.items()
+        for ok, expected in [_ARGUMENTS[name]]
+        if not ok(value)
+    ]
     if params is None and model is None:
         problems.append(Problem("params", "missing", "give params (e.g. '7B') or model (an HF config or a model)"))
     if problems:
         raise InvalidValueError(problems)
 
-    size = count_params(model) if model is not None else None
+
+@attrs.frozen
+class _Counts:
+    """What a plan counts: the parameters in all, frozen and trained, the largest layer, and notes on them."""
+
+    total: int
+    frozen: int
+    trained: int
+    largest: int
+    notes: tuple[str, ...]
+
+
+def _counts(params: Any, model: Any, size: Any, lora: Mapping[str, Any] | None, largest_layer: Any) -> _Counts:
     total = parse_count(params, "params") if params is not None else size.params if size is not None else 0
     if total <= 0:
         raise InvalidValueError(Problem("params", f"got {total!r}, expected a positive count"))
@@ -262,14 +324,13 @@ def plan(
     if lora is not None:
         if model is None:
             raise InvalidValueError(Problem("lora", "a LoRA plan needs the model (its config) to count the adapters"))
-        adapters = count_lora(model, lora)
-        frozen, trained = total, adapters
+        frozen, trained = total, count_lora(model, lora)
         notes.append(
-            f"LoRA: {count_text(adapters)} trainable adapter parameters carry gradients and optimizer states; the "
+            f"LoRA: {count_text(trained)} trainable adapter parameters carry gradients and optimizer states; the "
             f"{count_text(frozen)} frozen base parameters are counted once, in 16 bits"
         )
-    if largest_layer_params is not None:
-        largest = parse_count(largest_layer_params, "largest_layer_params")
+    if largest_layer is not None:
+        largest = parse_count(largest_layer, "largest_layer_params")
     elif size is not None:
         largest = size.largest_layer_params
     else:
@@ -279,60 +340,18 @@ def plan(
             "(4 bytes per parameter of the largest layer); pass largest_layer_params (usually vocab × hidden) "
             "or the model's config"
         )
-    gpu_budget = parse_size(gpu_memory, "gpu_memory") if gpu_memory is not None else None
-    cpu_budget = parse_size(cpu_memory, "cpu_memory") if cpu_memory is not None else None
-    rule = Headroom(*parse_headroom(headroom, "headroom")) if headroom is not None else DEFAULT_HEADROOM
-    kept = rule.of(gpu_budget)
-    source = size.source if params is None and size is not None else "given"
-    shape = size.shape if size is not None else None
-    acts = (
-        activations(
-            micro_batch,
-            seq_len,
-            shape.hidden_size,
-            shape.num_layers,
-            num_heads=None if flash_attention else shape.num_heads,
-            checkpointing=gradient_checkpointing,
-            vocab_size=shape.vocab_size,
-            sequence_parallel=sequence_parallel,
-        )
-        if shape is not None
-        else None
-    )
-    per_gpu = kept + (acts.total if acts is not None else 0)
-    # Activations grow with the micro-batch: what one sequence takes gives the most that fit in each row.
-    per_sequence = acts.total // micro_batch if acts is not None else None
+    return _Counts(total, frozen, trained, largest, tuple(notes))
 
-    factor = float(additional_buffer_factor)
-    rows = tuple(
-        _with_largest_micro_batch(
-            _row(
-                stage, opt, par, trained, largest, gpus_per_node, nodes, factor, per_gpu, gpu_budget, cpu_budget, frozen
-            ),
-            gpu_budget,
-            kept,
-            per_sequence,
-        )
-        for stage, opt, par in SPEED_ORDER
-    )
-    chosen = next((r for r in rows if r.fits and (nvme_path is not None or not _on_nvme(r))), None)
-    recommended = (
-        _config_for(chosen, largest, gpus_per_node * nodes, nvme_path or DEFAULT_NVME_PATH) if chosen else None
-    )
-    more_nodes = None
-    if chosen is None and not any(r.fits and not _on_nvme(r) for r in rows):
-        for n in (2 * nodes, 4 * nodes, 8 * nodes, 16 * nodes):
-            wider = [
-                _row(
-                    stage, opt, par, trained, largest, gpus_per_node, n, factor, per_gpu, gpu_budget, cpu_budget, frozen
-                )
-                for stage, opt, par in SPEED_ORDER
-                if "nvme" not in (opt, par)
-            ]
-            found = next((r for r in wider if r.fits), None)
-            if found is not None:
-                more_nodes = (n, found)
-                break
+
+_NO_GPU: Final = (
+    "NO GPU MEMORY GIVEN: every row counts as fitting the GPU, so the pick is only the fastest choice "
+    "(pass gpu_memory / --gpu-memory to plan for your GPUs)"
+)
+
+
+def _budget_notes(rows: Sequence[Row], cpu_budget: int | None, factor: float) -> list[str]:
+    """What the figures assume of the budgets and of DeepSpeed's estimators."""
+    notes = []
     cold = [r for r in rows if not _offloads(r) and cpu_budget is not None and r.cpu_bytes_per_node > cpu_budget]
     if cold:
         notes.append(
@@ -340,47 +359,15 @@ def plan(
             "rows without offload (every process loading the fp32 model first, cold); transformers loads a "
             "checkpoint shard by shard, so those rows are not held to it"
         )
-
-    notes[:0] = _notes(
-        acts, rule, kept, gpu_memory, gpu_budget, gradient_checkpointing, flash_attention, sequence_parallel
-    )
     notes += [
         "model states of mixed-precision training with Adam: 2 bytes/param 16-bit weights, 2 bytes 16-bit "
         "gradients, 16 bytes fp32 gradients + master weights + Adam moments; stage 3 with zero.Init",
-        f"CPU figures carry DeepSpeed's {additional_buffer_factor:g}x head room; NVMe rows include the pinned "
+        f"CPU figures carry DeepSpeed's {factor:g}x head room; NVMe rows include the pinned "
         "swap buffers at DeepSpeed's defaults (a smaller sub_group_size shrinks the optimizer's)",
     ]
-    if gpu_budget is None:
-        notes.insert(
-            0,
-            "NO GPU MEMORY GIVEN: every row counts as fitting the GPU, so the pick is only the fastest choice "
-            "(pass gpu_memory / --gpu-memory to plan for your GPUs)",
-        )
     if cpu_budget is None:
         notes.append("no CPU budget given: every row's CPU need counts as fitting (pass cpu_memory to check it)")
-    return Plan(
-        params=total,
-        largest_layer_params=largest,
-        gpus_per_node=gpus_per_node,
-        nodes=nodes,
-        gpu_memory=gpu_budget,
-        cpu_memory=cpu_budget,
-        rows=rows,
-        recommended=recommended,
-        recommended_row=chosen,
-        reason=_reason(rows, chosen, gpu_budget, cpu_budget, kept, acts, nvme_path, more_nodes),
-        notes=tuple(notes),
-        source=source,
-        shape=shape,
-        seq_len=seq_len,
-        micro_batch=micro_batch,
-        gradient_checkpointing=gradient_checkpointing,
-        flash_attention=flash_attention,
-        activations=acts,
-        headroom=rule,
-        headroom_bytes=kept,
-        nvme_path=nvme_path,
-    )
+    return notes
 
 
 def _notes(

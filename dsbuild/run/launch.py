@@ -114,16 +114,7 @@ def nodes(
         note = slurm.unplaced(env) if slurm_job is None else None
         warnings += [note] if note else []
     from_slurm = nnodes is None and slurm_job is not None
-    if nnodes is not None:
-        count, count_from = nnodes, "--nnodes"
-    elif slurm_job is not None:
-        count, count_from = slurm_job.nnodes, f"Slurm ({slurm_job.hosts_from} {slurm_job.hosts.text})"
-        if job_nnodes not in (1, count):
-            warnings.append(
-                f"the job's launch.nnodes is {job_nnodes}, but the Slurm job has {count} node(s): using {count}"
-            )
-    else:
-        count, count_from = job_nnodes, "the job's launch.nnodes"
+    count, count_from = _node_count(nnodes, slurm_job, job_nnodes, warnings)
     if slurm_job is not None and slurm_job.gpus_on_node and slurm_job.gpus_on_node != nproc:
         warnings.append(
             f"Slurm gave this node {slurm_job.gpus_on_node} GPU(s) (SLURM_GPUS_ON_NODE), and the run starts {nproc} "
@@ -134,23 +125,8 @@ def nodes(
             raise ConfigError(f"--node-rank {node_rank}: expected 0 to 0 for 1 nodes")
         return Nodes(nproc, 1, 0, master_addr, master_port, warnings=tuple(warnings))
 
-    rank, rank_from = (
-        (node_rank, "--node-rank")
-        if node_rank is not None or slurm_job is None
-        else (slurm_job.node_rank, "SLURM_NODEID")
-    )
+    (rank, rank_from), (addr, addr_from), (port, port_from) = _place(node_rank, master_addr, master_port, slurm_job)
     first_host = f"the first host of {slurm_job.hosts_from}" if slurm_job is not None else ""
-    if master_addr is not None or slurm_job is None:
-        addr, addr_from = master_addr, "--master-addr"
-    else:
-        addr, addr_from = (
-            slurm_job.master_addr,
-            first_host if slurm_job.master_addr_from == slurm_job.hosts_from else slurm_job.master_addr_from,
-        )
-    if master_port is not None or slurm_job is None:
-        port, port_from = master_port, "--master-port" if master_port is not None else "default"
-    else:
-        port, port_from = slurm_job.master_port, slurm_job.master_port_from
     if rank is None or addr is None:
         raise ConfigError(
             f"{count} nodes: give each node's launch --node-rank R and --master-addr of node 0 (and --master-port), "
@@ -178,6 +154,41 @@ def nodes(
     origin = f"{count} nodes from {count_from}, node rank {rank}, master {addr}:{port or DEFAULT_MASTER_PORT}"
     origin += f"; {', '.join(odd)}" if odd else ""
     return Nodes(nproc, count, rank, addr, port, origin, tuple(warnings))
+
+
+def _node_count(nnodes: int | None, slurm_job: Any, job_nnodes: int, warnings: list[str]) -> tuple[int, str]:
+    """The run's nodes and where that came from: the flag, else the Slurm job, else the job file."""
+    if nnodes is not None:
+        return nnodes, "--nnodes"
+    if slurm_job is None:
+        return job_nnodes, "the job's launch.nnodes"
+    count = int(slurm_job.nnodes)
+    if job_nnodes not in (1, count):
+        warnings.append(
+            f"the job's launch.nnodes is {job_nnodes}, but the Slurm job has {count} node(s): using {count}"
+        )
+    return count, f"Slurm ({slurm_job.hosts_from} {slurm_job.hosts.text})"
+
+
+def _place(
+    node_rank: int | None, master_addr: str | None, master_port: int | None, slurm_job: Any
+) -> tuple[tuple[int | None, str], tuple[str | None, str], tuple[int | None, str]]:
+    """This node's rank, node 0's address and port, each with where it came from: a flag, else the Slurm job."""
+    if node_rank is not None or slurm_job is None:
+        rank: tuple[int | None, str] = (node_rank, "--node-rank")
+    else:
+        rank = (slurm_job.node_rank, "SLURM_NODEID")
+    if master_addr is not None or slurm_job is None:
+        addr: tuple[str | None, str] = (master_addr, "--master-addr")
+    else:
+        first_host = f"the first host of {slurm_job.hosts_from}"
+        same = slurm_job.master_addr_from == slurm_job.hosts_from
+        addr = (slurm_job.master_addr, first_host if same else slurm_job.master_addr_from)
+    if master_port is not None or slurm_job is None:
+        port: tuple[int | None, str] = (master_port, "--master-port" if master_port is not None else "default")
+    else:
+        port = (slurm_job.master_port, slurm_job.master_port_from)
+    return rank, addr, port
 
 
 SHUTDOWN_SECONDS: Final = 300

@@ -85,24 +85,7 @@ def train(
     if not resume:
         refuse_earlier_run(job)
     address = address or os.environ.get("RAY_ADDRESS") or None
-    env = {key: os.environ[key] for key in _PASSED_ENV if key in os.environ}
-    # Ray's own workers log warnings only (dsbuild's lines have their own logger): without a dashboard, Ray Train's
-    # placement-group cleaner would warn every second that the state API is unavailable.
-    common: dict[str, Any] = {
-        "runtime_env": {"env_vars": env},
-        "log_to_driver": True,
-        "configure_logging": False,
-        "logging_config": ray.LoggingConfig(log_level="ERROR"),
-    }
-    if address is None:  # a local cluster: every worker gets one CPU, however many cores there are
-        ray.init(
-            num_cpus=max(os.cpu_count() or 1, workers),
-            include_dashboard=False,
-            object_store_memory=256 * 2**20,
-            **common,
-        )
-    else:
-        ray.init(address=address, **common)
+    _connect(address, workers)
     try:
         resources: dict[str, float] = ray.cluster_resources()  # type: ignore[no-untyped-call]
         gpus = bool(resources.get("GPU", 0))
@@ -148,6 +131,31 @@ def train(
         ray.shutdown()
         if session is not None:
             _end_leftovers(session)
+
+
+def _connect(address: str | None, workers: int) -> None:
+    """``ray.init``: the cluster at ``address``, else a local one where every worker gets one CPU; the workers get the
+    driver's variables of ``_PASSED_ENV`` and log warnings only."""
+    import ray
+
+    env = {key: os.environ[key] for key in _PASSED_ENV if key in os.environ}
+    # Ray's own workers log warnings only (dsbuild's lines have their own logger): without a dashboard, Ray Train's
+    # placement-group cleaner would warn every second that the state API is unavailable.
+    common: dict[str, Any] = {
+        "runtime_env": {"env_vars": env},
+        "log_to_driver": True,
+        "configure_logging": False,
+        "logging_config": ray.LoggingConfig(log_level="ERROR"),
+    }
+    if address is None:  # a local cluster: every worker gets one CPU, however many cores there are
+        ray.init(
+            num_cpus=max(os.cpu_count() or 1, workers),
+            include_dashboard=False,
+            object_store_memory=256 * 2**20,
+            **common,
+        )
+    else:
+        ray.init(address=address, **common)
 
 
 class _DriverStop:

@@ -175,24 +175,13 @@ def _load_universal(
     """Collective: load checkpoint ``tag_dir``, saved at another world size, through its universal form (made by rank
     0); this process's carried-over position. ``CheckpointError`` (damaged) is agreed by every process."""
     then = found.get("run", {})
-    shape = {key: then.get(key) for key in ("world_size", "micro_batch", "gradient_accumulation")}
-    odd = [key for key, value in shape.items() if not (isinstance(value, int) and 0 < value < 2**31)]
-    if odd:  # a manifest is untrusted input: what is not a count says so, on every process alike
-        raise CheckpointError(f"{tag_dir / manifest.MANIFEST}: run.{odd[0]} is not a positive integer")
-    ranks = found.get("ranks")
-    partial = isinstance(ranks, dict) and set(ranks) != {str(r) for r in range(shape["world_size"])}
-    if engine.use_node_local_storage() or partial:
-        raise SessionError(
-            f"{tag_dir}: saved by {shape['world_size']} processes with node-local checkpoints (this folder holds only "
-            f"some ranks' files); resuming with {facts.world_size} needs every rank's files: copy each node's "
-            f"{tag_dir.name} folder into one shared folder, and resume from there without save_on_each_node"
-        )
+    world = _saved_world(engine, tag_dir, found, facts)
     problem: str | None = None
     saved: dict[str, Any] = {}
     own = None
     try:  # what every process reads itself: a problem one finds is every process's (none enters the load alone)
         saved = manifest.read_rank_state(tag_dir, 0, found)
-        if distributed.rank() < shape["world_size"]:
+        if distributed.rank() < world:
             own = manifest.read_rank_state(tag_dir, distributed.rank(), found)
     except CheckpointError as e:
         problem = str(e)
@@ -215,6 +204,38 @@ def _load_universal(
     agreed = agree(problem)
     if agreed:
         raise CheckpointError(agreed)
+    _load_converted(engine, tag_dir, module_strict, writer, agree)
+    if distributed.rank() == 0:
+        samples = int(position["batch_in_epoch"]) * facts.micro_batch * facts.world_size
+        logger.warning("%s", universal.describe(tag_dir, then, facts, samples))
+    return position
+
+
+def _saved_world(engine: Any, tag_dir: Path, found: dict[str, Any], facts: manifest.RunFacts) -> int:
+    """The world size a checkpoint to convert was saved at, its shape checked (a manifest is untrusted input), and
+    every rank's files here."""
+    then = found.get("run", {})
+    shape = {key: then.get(key) for key in ("world_size", "micro_batch", "gradient_accumulation")}
+    odd = [key for key, value in shape.items() if not (isinstance(value, int) and 0 < value < 2**31)]
+    if odd:  # what is not a count says so, on every process alike
+        raise CheckpointError(f"{tag_dir / manifest.MANIFEST}: run.{odd[0]} is not a positive integer")
+    ranks = found.get("ranks")
+    partial = isinstance(ranks, dict) and set(ranks) != {str(r) for r in range(shape["world_size"])}
+    if engine.use_node_local_storage() or partial:
+        raise SessionError(
+            f"{tag_dir}: saved by {shape['world_size']} processes with node-local checkpoints (this folder holds only "
+            f"some ranks' files); resuming with {facts.world_size} needs every rank's files: copy each node's "
+            f"{tag_dir.name} folder into one shared folder, and resume from there without save_on_each_node"
+        )
+    return int(shape["world_size"])
+
+
+def _load_converted(
+    engine: Any, tag_dir: Path, module_strict: bool, writer: weights_only.VerifyingCheckpointEngine, agree: Any
+) -> None:
+    """Collective: the universal form of ``tag_dir`` verified and loaded; a damaged file (``CheckpointError``) and what
+    DeepSpeed cannot load (``SessionError``) are every process's."""
+    problem: str | None = None
     folder = tag_dir / universal.FOLDER
     converted: dict[str, Any] = {}
     try:
@@ -246,10 +267,6 @@ def _load_universal(
     refused = next((text for text in distributed.all_texts(refused) if text), None)
     if refused:
         raise SessionError(refused)
-    if distributed.rank() == 0:
-        samples = int(position["batch_in_epoch"]) * facts.micro_batch * facts.world_size
-        logger.warning("%s", universal.describe(tag_dir, then, facts, samples))
-    return position
 
 
 def _reapply_lr(engine: Any) -> None:
