@@ -143,3 +143,22 @@ class Config(ConfigBase):
         from .resolve.explain import explain
 
         return explain(self)
+
+    def for_inference(self, offload: bool = False, *, hidden_size: int | None = None) -> Config:
+        """The config of a DeepSpeed engine without an optimizer (an RL reference, reward or EMA model) made from this
+        training config, for ``deepspeed.initialize(model=..., config=...)``.
+
+        - ZeRO stage 3 stays 3; stages 1 and 2 become 0: DeepSpeed asserts ``"zero stage {} requires an optimizer"``.
+        - ``offload=True`` sets ``zero_optimization.offload_param`` to ``{device: cpu, pin_memory: true}``; below
+          stage 3 it raises ``InvalidValueError`` (DeepSpeed ignores it there).
+        - ``hidden_size`` (the inference model's ``config.hidden_size``) fills the ``"auto"`` ZeRO buckets as the
+          HF Trainer would; without it they stay for ``resolve(model=...)``.
+        - ``optimizer``, ``scheduler``, ``zero_optimization.offload_optimizer`` and the other keys only an optimizer
+          step reads are removed; DeepCompile is turned off.
+        - the precision, the batch sizes, AutoTP (``tensor_parallel``) and ``gradient_clipping`` are kept.
+
+        The keys it writes say so in ``explain()``; ``dsbuild.resolve.inference`` holds the rule and each reason.
+        """
+        from .resolve.inference import for_inference
+
+        return for_inference(self, offload, hidden_size=hidden_size)

@@ -336,11 +336,18 @@ def add_explain(commands: Commands) -> None:
     )
     p.add_argument("config", metavar="NAME|FILE|JOB", help="a preset name, a .json/.toml/.yaml file, or a job file")
     add_run_facts(p)
+    p.add_argument(
+        "--for-inference",
+        action="store_true",
+        help="then the config of an engine without an optimizer (a reference or reward model) made from it "
+        "(Config.for_inference()): what it changed and what it removed, with why",
+    )
     p.set_defaults(handler=_explain)
 
 
 def _explain(args: argparse.Namespace) -> int:
     from ..resolve.explain import explain, render_explanation
+    from ..resolve.inference import for_inference, removed_by_for_inference
     from .common import job_of, no_training_file, resolved, resolved_job
 
     job = job_of(args.config, args.set)
@@ -349,7 +356,10 @@ def _explain(args: argparse.Namespace) -> int:
         config = resolved_job(job, args)
     else:
         config = resolved(args, hf_defaults=True)
-    out(escape_lines(render_explanation(explain(config))))
+    explanations = explain(config)
+    if args.for_inference:
+        explanations = explain(for_inference(config)) + removed_by_for_inference(config)
+    out(escape_lines(render_explanation(explanations)))
     return 0
 
 

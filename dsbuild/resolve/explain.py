@@ -24,8 +24,12 @@ class Explanation:
     """The value as the ds_config holds it (``"auto"`` for ``AUTO``, lists for pairs)."""
     origin: str
     """``"set by the user"``, ``"preset zero3"``, ``"training argument learning_rate"``, ``"batch triangle: ..."``."""
+    removed: bool = False
+    """The key is not in the config: a rule removed it (``removed_by_for_inference``); ``value`` is the one it had."""
 
     def __str__(self) -> str:
+        if self.removed:
+            return f"{self.path} removed  ({self.origin})"
         return f"{self.path} = {json.dumps(self.value)}  ({self.origin})"
 
 
@@ -41,8 +45,9 @@ def explain(config: ConfigBase) -> list[Explanation]:
 
 
 def render_explanation(explanations: list[Explanation]) -> str:
-    """Aligned lines ``path  value  origin``, one per key (what ``dsbuild explain`` prints)."""
-    rows = [(e.path, json.dumps(e.value), e.origin) for e in explanations]
+    """Aligned lines ``path  value  origin``, one per key (what ``dsbuild explain`` prints); a removed key's value
+    reads ``(removed)``."""
+    rows = [(e.path, "(removed)" if e.removed else json.dumps(e.value), e.origin) for e in explanations]
     if not rows:
         return ""
     path_width = max(len(r[0]) for r in rows)
