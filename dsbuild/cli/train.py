@@ -136,7 +136,14 @@ def _train(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # a second Ctrl-C in this process: stopped at once, wherever it was
         print(f"dsbuild: {escape_lines(_interrupted(plan.job.output_dir))}", file=sys.stderr)
         return 130
+    except RunStopped as e:  # in this process: how it stopped, then the requeue (the order a reader expects)
+        print(f"dsbuild: {escape_lines(str(e))}", file=sys.stderr)
+        if options.requeue:
+            start.requeue()
+        return RunStopped.EXIT_CODE
     _report(outcome.code, outcome.lines)
+    if outcome.requeue:
+        start.requeue()
     if outcome.code != 0:
         return outcome.code
     if plan.owner:

@@ -25,6 +25,7 @@ from typing import Any, Final
 import attrs
 
 from .._util.overrides import parse_set
+from ..env.extras import require
 from ..errors import ConfigError, OutputDirError, Problem, RunStopped
 from ..job import Job, demo_job_path, load_job
 from ..outputs import run_folder
@@ -91,6 +92,8 @@ class LaunchPlan:
         """The plan for the job file ``job`` (``None``: the packaged demo) with ``options``; ``ConfigError`` for options
         that cannot be used together (usage: exit 2) and for a job that cannot be read."""
         path = Path(job) if job is not None else demo_job_path()
+        if options.backend == "ray":  # before the job is read: the install to fix first
+            require("dsbuild train --backend ray", "ray", extra="ray")
         loaded = load_job(job, dict(parse_set(text) for text in options.sets))
         backend = options.backend or loaded.launch.backend
         _refuse_usage(loaded, path, options, backend)
@@ -134,12 +137,15 @@ class Outcome:
 
     code: int
     lines: tuple[str, ...] = ()
+    requeue: bool = False
+    """Whether the Slurm job is to be requeued (``requeue()``): stopped by a signal, with ``--requeue``."""
 
 
 def start(plan: LaunchPlan, *, ray_worker: Callable[[dict[str, Any]], None] | None = None) -> Outcome:
     """Run ``plan``: the output folder made, locked for the run and guarded against writing over an earlier run, then
     the ranks started. ``OutputDirError`` when the folder cannot be used; a run that a signal stops in this process
-    raises ``RunStopped`` (the Slurm job requeued first, with ``requeue``). ``ray_worker``: what each Ray worker runs
+    raises ``RunStopped``. With ``requeue``, the caller requeues a stopped run's Slurm job (``requeue``) once it has
+    said how the run stopped: ``Outcome.requeue`` says whether it is due. ``ray_worker``: what each Ray worker runs
     (default ``ray_train.run_worker``; the CLI's sets up its log lines first)."""
     job, options = plan.job, plan.options
     if plan.backend == "ray" and job.launch.storage_path is not None and not options.resuming:
@@ -155,9 +161,7 @@ def start(plan: LaunchPlan, *, ray_worker: Callable[[dict[str, Any]], None] | No
         if plan.nodes.origin:
             logger.info("%s", plan.nodes.origin)
         outcome = _run(plan, ray_worker)
-        if outcome.code == RunStopped.EXIT_CODE and options.requeue and first:
-            requeue()
-    return outcome
+    return attrs.evolve(outcome, requeue=outcome.code == RunStopped.EXIT_CODE and options.requeue and bool(first))
 
 
 def _run(plan: LaunchPlan, ray_worker: Callable[[dict[str, Any]], None] | None) -> Outcome:
@@ -176,13 +180,8 @@ def _run(plan: LaunchPlan, ray_worker: Callable[[dict[str, Any]], None] | None) 
         from .worker import run
 
         os.environ.update(env)
-        try:
-            run(job, resume=options.resume, resume_from=options.resume_from,
-                terminate_on_nan=options.terminate_on_nan, data=plan.data)  # fmt: skip
-        except RunStopped:
-            if options.requeue:
-                requeue()
-            raise
+        run(job, resume=options.resume, resume_from=options.resume_from,
+            terminate_on_nan=options.terminate_on_nan, data=plan.data)  # fmt: skip
         return Outcome(0)
     run_args = [f"--set={text}" for text in plan.rank_sets]
     # An elastic run's workers start again whenever a node leaves or joins (torchrun counts only failures as
@@ -197,9 +196,7 @@ def _run(plan: LaunchPlan, ray_worker: Callable[[dict[str, Any]], None] | None) 
 def _refuse_usage(job: Job, path: Path, options: LaunchOptions, backend: str) -> None:
     """``ConfigError`` for options the backend or each other rule out, all at once."""
     problems = []
-    if backend == "ray":
-        from ..env.extras import require
-
+    if backend == "ray":  # launch.backend = "ray" in the job
         require("dsbuild train --backend ray", "ray", extra="ray")
         if options.resume_from is not None:
             problems.append(
