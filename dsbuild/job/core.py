@@ -5,29 +5,23 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 import attrs
 
 from .._util import dotted
 from .._util.safe_read import count_records
 from ..api import Config
+from ..config.walk import auto_paths
 from ..errors import ConfigError, Problem
-from ..resolve.batch import degrees
-from ..resolve.schedule import micro_batches, optimizer_steps
+from ..resolve import resolution
+from ..resolve.schedule import job_steps
 from ..resolve.training import Training
 from ..validate import Diagnostic, validate
 from .reader import read_job, read_job_dict
 from .spec import DataSpec, LaunchSpec, ModelSpec, StrategySpec
 
 __all__ = ["Job", "demo_job_path", "load_job"]
-
-_STAND_IN_HIDDEN: Final = 4096
-"""Hidden size used only to check a config when the model's is unknown before loading it (a hub id)."""
-
-
-_STAND_IN_STEPS: Final = 1000
-"""Step count used only to check a config when the data cannot be counted."""
 
 
 @attrs.frozen
@@ -95,14 +89,7 @@ class Job:
             return None
         if isinstance(self.data.eval_split, float):
             records -= math.ceil(records * self.data.eval_split)  # what datasets' train_test_split holds out
-        world = world_size or self.launch.world_size
-        drop_last = bool(self.config.dataloader_drop_last)
-        sp, tp = degrees(self.config)
-        micro = self.training.per_device_train_batch_size
-        batches = micro_batches(records, world, micro, drop_last=drop_last, sequence_parallel=sp, tensor_parallel=tp)
-        return optimizer_steps(
-            batches, self.training.gradient_accumulation_steps, epochs=self.training.num_train_epochs
-        )
+        return job_steps(records, self.training, self.config, world_size=world_size or self.launch.world_size)
 
     def _counted_steps(self, world_size: int | None) -> int | None:
         """The step count to pass ``resolve``: none when ``max_steps`` says it (resolve reads it, and says so)."""
@@ -117,11 +104,15 @@ class Job:
         can be read without loading it, the step count to ``total_steps()``.
         """
         try:
+            steps = total_steps or self._counted_steps(world_size)
+        except ConfigError as e:
+            raise e.with_source(self.source) if self.source else e from None
+        try:
             return self.config.resolve(
                 world_size=world_size or self.launch.world_size,
                 training=self.training,
                 hidden_size=hidden_size or self.model.hidden_size,
-                total_steps=total_steps or self._counted_steps(world_size),
+                total_steps=steps,
             )
         except ConfigError as e:
             error = e.prefixed("strategy.config")
@@ -131,17 +122,23 @@ class Job:
         """Every problem of the run's config, errors first, paths under ``strategy.config.``.
 
         The config is resolved against the training arguments and the world size, then checked
-        as ``Session`` checks it. Facts only the run knows (a hub model's hidden size, the
-        length of data that cannot be counted) are stood in for, so they are never reported.
+        as ``Session`` checks it. The keys that need facts only the run knows (a hub model's hidden size, the
+        length of data that cannot be counted) wait for them: they are checked when the run resolves them.
         """
         world = world_size or self.launch.world_size
         try:
-            resolved = self.config.resolve(
-                world_size=world,
-                training=self.training,
-                hidden_size=self.model.hidden_size or _STAND_IN_HIDDEN,
-                total_steps=None if self.training.max_steps > 0 else (self.total_steps(world) or _STAND_IN_STEPS),
-            )
+            steps = self._counted_steps(world_size)
+        except ConfigError as e:
+            return [Diagnostic(p.path, "error", p.message, p.hint, "data", p.needs) for p in e.problems]
+        counted = steps is not None or self.training.max_steps > 0  # resolve reads max_steps itself
+        waiting = [
+            fact for fact, known in (("hidden_size", self.model.hidden_size), ("total_steps", counted)) if not known
+        ]
+        try:
+            resolved = resolution.resolve(
+                self.config, world_size=world, training=self.training, hidden_size=self.model.hidden_size,
+                total_steps=steps, waiting_for=waiting,
+            )  # fmt: skip
         except ConfigError as e:
             return [
                 Diagnostic(
@@ -149,7 +146,7 @@ class Job:
                 )
                 for p in e.problems
             ]
-        found = validate(resolved, world_size=world, resolved=True)
+        found = validate(resolved, world_size=world, resolved=True, waiting=auto_paths(resolved))
         return [attrs.evolve(d, path=_config_path(d.path, self.strategy.overrides)) for d in found]
 
     def check(self, *, world_size: int | None = None) -> Job:

@@ -474,8 +474,9 @@ _ACCELERATE: Final = (
 _NOT_FILLED_BY_HF: Final = {fill.path: Need(_ACCELERATE, fill.hint) for fill in ACCELERATE_FILLS}
 
 
-def _leftovers(res: _Resolution, autos: list[str]) -> list[Problem]:
-    """One problem per ``AUTO`` nothing filled, saying what would fill it, in the order of the ds_config."""
+def _leftovers(res: _Resolution, autos: list[str], waiting_for: Collection[str]) -> list[Problem]:
+    """One problem per ``AUTO`` nothing filled, saying what would fill it, in the order of the ds_config; not one
+    whose fill needs a fact in ``waiting_for`` (it stays ``AUTO``)."""
     left = [path for path in autos if path not in res.origins and path not in res.leave]
     if not left:
         return []
@@ -484,7 +485,8 @@ def _leftovers(res: _Resolution, autos: list[str]) -> list[Problem]:
     problems = []
     for path in left:
         need = res.needs.get(path) or _NOT_FILLED_BY_HF.get(path) or _NOT_FILLED
-        problems.append(Problem(path, need.message, need.hint, kind="unresolved-auto", needs=need.needs))
+        if not set(need.needs) & set(waiting_for):
+            problems.append(Problem(path, need.message, need.hint, kind="unresolved-auto", needs=need.needs))
     return problems
 
 
@@ -500,6 +502,7 @@ def resolve(
     hidden_size: int | None = None,
     total_steps: int | None = None,
     leave: Collection[str] = (),
+    waiting_for: Collection[str] = (),
 ) -> C:
     """``config`` with every ``AUTO`` filled as the HF Trainer fills it, and the batch triangle applied.
 
@@ -509,7 +512,10 @@ def resolve(
     steps (else ``training.max_steps`` when positive). ``leave`` names ds keys whose ``AUTO``
     stays for the tool that fills it (``interop.for_accelerate``: what Accelerate fills); their
     rows are neither filled nor checked, and the batch triangle waits for the tool when it
-    fills a batch size.
+    fills a batch size. ``waiting_for`` names facts the run learns later (``"total_steps"``: data not counted
+    yet; ``"hidden_size"``: a model not loaded yet): an ``AUTO`` whose fill needs one stays ``AUTO`` instead of being
+    an error (``auto_paths`` of the result lists them; ``validate(waiting=...)`` accepts them), to be resolved again
+    once the fact is known. The one "not known yet" state: nothing stands in for the fact.
 
     Raises ``InvalidValueError`` for a bad argument or a batch triangle that does not
     divide, ``ConflictError`` listing every explicit value that disagrees with the
@@ -527,7 +533,7 @@ def resolve(
         raise ConflictError(res.conflicts)
     if res.invalid:
         raise InvalidValueError(res.invalid)
-    leftovers = _leftovers(res, autos)
+    leftovers = _leftovers(res, autos, waiting_for)
     if leftovers:
         raise UnresolvedAutoError(leftovers)
     resolved = res.result()

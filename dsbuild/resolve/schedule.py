@@ -1,17 +1,20 @@
 """A run's step arithmetic and its schedule, as the HF Trainer counts them: one process's micro-batches in an epoch,
 the run's optimizer steps, intervals given as counts or fractions of the run, and the ``Schedule`` of when a run logs,
-evaluates and saves. The one home of these rules: ``Job.total_steps``, ``dsbuild train`` and ``Session.fit`` ask it."""
+evaluates and saves. The one home of these rules: ``Job.total_steps``, ``dsbuild train`` and ``Session.fit`` ask it (a job's step count is
+``job_steps``, whether the records were counted in the data file or tokenized)."""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import attrs
 
-from ..errors import SessionError
+from ..errors import ConfigError, Problem, SessionError
+from .batch import degrees
 from .training import Training
 
-__all__ = ["Schedule", "micro_batches", "optimizer_steps", "run_steps", "steps_between"]
+__all__ = ["Schedule", "job_steps", "micro_batches", "optimizer_steps", "run_steps", "steps_between"]
 
 
 def micro_batches(
@@ -46,6 +49,23 @@ def optimizer_steps(micro_batches: int, accumulation: int, *, max_steps: int = -
         return max_steps
     per_epoch = max(math.ceil(micro_batches / accumulation), 1)
     return max(math.ceil(epochs * per_epoch), 1)
+
+
+def job_steps(samples: int, training: Training, config: Any, *, world_size: int) -> int:
+    """A job's optimizer steps over ``samples`` records, as the HF Trainer counts them: ``max_steps`` when above 0,
+    else ``num_train_epochs`` of each process's micro-batches (``micro_batches``: ``per_device_train_batch_size``,
+    the config's ``dataloader_drop_last`` and its sequence- and tensor-parallel degrees), ``gradient_accumulation_steps``
+    at a time. ``ConfigError`` (``data.path``) when the records make no micro-batch."""
+    if training.max_steps > 0:
+        return training.max_steps
+    micro = training.per_device_train_batch_size
+    sp, tp = degrees(config)
+    drop_last = getattr(config, "dataloader_drop_last", None) is True
+    batches = micro_batches(samples, world_size, micro, drop_last=drop_last, sequence_parallel=sp, tensor_parallel=tp)
+    if batches == 0:
+        message = f"{samples} samples make no micro-batch of {micro} for each of {world_size} processes"
+        raise ConfigError(Problem("data.path", message, "use more records, or a smaller per_device_train_batch_size"))
+    return optimizer_steps(batches, training.gradient_accumulation_steps, epochs=training.num_train_epochs)
 
 
 def steps_between(value: float, total_steps: int) -> int:

@@ -34,15 +34,13 @@ from typing import TYPE_CHECKING, Any, Final
 import attrs
 
 from ..data import Datasets
-from ..errors import ConfigError, Problem
 from ..job import BYTE_TOKENIZER, Job
 from ..outputs import history
 from ..outputs.history import read as read_history
 from ..outputs.manifest import candidates, fingerprint, read_latest, sha256_file
 from ..outputs.plot import plot_in_child
 from ..outputs.run_folder import RunFolder
-from ..resolve.batch import degrees
-from ..resolve.schedule import micro_batches, optimizer_steps, steps_between
+from ..resolve.schedule import job_steps, steps_between
 from .model import build_tokenizer, model_source, vocab_size
 
 if TYPE_CHECKING:
@@ -187,23 +185,6 @@ def _file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _run_steps(job: Job, samples: int, world: int, pretrained: Any) -> int:
-    """Optimizer steps of the run, counted as ``Session.fit`` counts them (``max_steps``, else the epochs)."""
-    if job.training.max_steps > 0:
-        return job.training.max_steps
-    probe = job.config.resolve(world_size=world, training=job.training, model=pretrained, total_steps=1)
-    micro, accum = probe.train_micro_batch_size_per_gpu, probe.gradient_accumulation_steps
-    assert isinstance(micro, int) and isinstance(accum, int)
-    sp, tp = degrees(probe)
-    drop_last = bool(probe.dataloader_drop_last)
-    batches = micro_batches(samples, world, micro, drop_last=drop_last, sequence_parallel=sp, tensor_parallel=tp)
-    if batches == 0:
-        raise ConfigError(
-            Problem("data.path", f"{samples} samples make no micro-batch of {micro} for each of {world} processes")
-        )
-    return optimizer_steps(batches, accum, epochs=job.training.num_train_epochs)
-
-
 # -- the run ------------------------------------------------------------------------------
 
 
@@ -261,11 +242,9 @@ def prepare(job: Job, data: Datasets | None = None) -> Prepared:
     from ..data import collate
     from ..data.tokens import keep_trained_template
     from ..session import Session, distributed
-    from ..session.building import pretrained_config
 
     phase = _phase_teller(distributed.rank() == 0)
     source = model_source(job.model)
-    pretrained = pretrained_config(source)
     tokenizer = build_tokenizer(job.model)
     keep_trained_template(tokenizer, job.data.format, job.data.chat_template)  # saved with the model
     if job.data.eos_token is not None:
@@ -274,7 +253,7 @@ def prepare(job: Job, data: Datasets | None = None) -> Prepared:
         phase(f"reading and tokenizing the data ({job.data.path})")
     datasets = data if data is not None else _datasets(job, tokenizer)
     train, evaluation, note = datasets.train, datasets.evaluation, datasets.note
-    total = _run_steps(job, len(train), distributed.world_size(), pretrained)
+    total = job_steps(len(train), job.training, job.config, world_size=distributed.world_size())
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     phase(f"building the model ({len(train)} training samples, {total} steps)")
     session = Session.from_pretrained(

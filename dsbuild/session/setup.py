@@ -13,9 +13,11 @@ import numpy as np
 import torch
 
 from ..api import Config
-from ..errors import ConfigError, Problem, SessionError, UnresolvedAutoError
+from ..config.walk import auto_paths
+from ..errors import ConfigError, Problem, SessionError
 from ..io.config_files import config_ref
 from ..outputs.run_folder import RunFolder
+from ..resolve.resolution import resolve
 from ..resolve.training import REPORT_TO, Training
 from ..validate import check
 from ..validate.feature_table import refusals
@@ -23,7 +25,6 @@ from . import building, distributed, parallel
 
 __all__ = [
     "DEFAULT_SEED",
-    "PROBE_STEPS",
     "as_config",
     "asks_deepcompile",
     "checked_digest",
@@ -37,8 +38,6 @@ __all__ = [
     "with_default_monitor",
 ]
 
-PROBE_STEPS: Final = 1_000_000
-"""Stand-in step count used only to check a config whose schedule waits for ``fit`` to count the steps."""
 DEFAULT_SEED: Final = 42
 """HF's default seed; every rank builds the same random initial weights from it."""
 
@@ -114,33 +113,18 @@ def resolve_checked(
 ) -> tuple[Config, bool]:
     """The resolved, checked config and whether the run's step count was known.
 
-    Without a step count, a config whose schedule needs one is checked with a stand-in count (every other key is
-    resolved and checked now), and the keys that need the count are left ``"auto"`` in what is returned: they are
-    resolved once ``fit`` counts the steps. The stand-in never shows.
+    Without a step count (and no ``max_steps``), the keys whose fill needs one stay ``"auto"`` (resolve's
+    ``waiting_for``): every other key is resolved and checked now, and those are resolved once ``fit`` counts the
+    steps. Nothing stands in for the count.
     """
-    kwargs: dict[str, Any] = {
-        "world_size": world_size,
-        "training": training,
-        "model": model,
-        "hidden_size": hidden_size,
-    }
-    known = True
-    try:
-        resolved = given.resolve(total_steps=total_steps, **kwargs)
-    except UnresolvedAutoError as error:
-        if total_steps is not None or (training is not None and training.max_steps > 0):
-            raise
-        try:
-            probe = given.resolve(total_steps=PROBE_STEPS, **kwargs)
-        except ConfigError:
-            raise error from None
-        check(probe, world_size=world_size, resolved=True)
-        waiting = {p.path for p in error.problems if "total_steps" in p.needs}
-        from ..resolve.resolution import resolve
-
-        return resolve(given, total_steps=None, leave=waiting, **kwargs), False
-    check(resolved, world_size=world_size, resolved=True)
-    return resolved, known
+    steps_known = total_steps is not None or (training is not None and training.max_steps > 0)
+    resolved = resolve(
+        given, world_size=world_size, training=training, model=model, hidden_size=hidden_size,
+        total_steps=total_steps, waiting_for=() if steps_known else ("total_steps",),
+    )  # fmt: skip
+    waiting = auto_paths(resolved) if not steps_known else []
+    check(resolved, world_size=world_size, resolved=True, waiting=waiting)
+    return resolved, not waiting
 
 
 def hf_scheduler(training: Training, total_steps: int) -> Any:

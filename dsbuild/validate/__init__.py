@@ -52,6 +52,7 @@ it starts), ``silent`` (DeepSpeed never says), ``batch`` and ``autos``.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import cast
 
 import attrs
@@ -82,21 +83,28 @@ def deepspeed_version() -> tuple[int, ...] | None:
 
 
 def validate(
-    config: ConfigFields, *, world_size: int | None = None, target: str = "auto", resolved: bool = False
+    config: ConfigFields,
+    *,
+    world_size: int | None = None,
+    target: str = "auto",
+    resolved: bool = False,
+    waiting: Collection[str] = (),
 ) -> list[Diagnostic]:
     """Every problem of ``config``: errors first, then warnings.
 
     ``world_size`` (the number of processes) enables the batch-divisibility check; ``target`` is ``"deepspeed"``
     (the config goes to DeepSpeed as is), ``"hf"`` (to the HF Trainer / Accelerate, which fill their ``"auto"``
     values) or ``"auto"`` (``"hf"`` when the config holds an ``"auto"``, else ``"deepspeed"``); ``resolved=True``
-    says the config should have no ``"auto"`` left.
+    says the config should have no ``"auto"`` left but at the keys in ``waiting``: those a run resolves once it
+    knows what fills them (``resolve(waiting_for=...)``: the step count of data not counted yet, the hidden size of
+    a model not loaded yet).
     """
     if target not in TARGETS:
         raise InvalidValueError(Problem("target", f"got {describe(target)}, expected one of 'auto', 'deepspeed', 'hf'"))
     target = target_of(config, target)
     if world_size is not None and (not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1):
         raise InvalidValueError(Problem("world_size", f"got {describe(world_size)}, expected an integer >= 1"))
-    facts = Facts(config, world_size, cast(Target, target), resolved, deepspeed_version())
+    facts = Facts(config, world_size, cast(Target, target), resolved, deepspeed_version(), frozenset(waiting))
     errors: list[Diagnostic] = []
     warnings: list[Diagnostic] = []
     for name, rule in RULES.items():
@@ -119,14 +127,21 @@ def target_of(config: ConfigFields, target: str) -> str:
     return "hf" if auto_paths(config) else "deepspeed"
 
 
-def check(config: ConfigFields, *, world_size: int | None = None, target: str = "auto", resolved: bool = False) -> None:
-    """Raise one ``ConfigError`` listing every error of ``config`` (warnings do not raise).
+def check(
+    config: ConfigFields,
+    *,
+    world_size: int | None = None,
+    target: str = "auto",
+    resolved: bool = False,
+    waiting: Collection[str] = (),
+) -> None:
+    """Raise one ``ConfigError`` listing every error of ``config`` (warnings do not raise; the arguments are
+    ``validate``'s).
 
     The error is an ``UnresolvedAutoError`` when every problem is an ``"auto"`` left over.
     """
-    errors = [
-        d for d in validate(config, world_size=world_size, target=target, resolved=resolved) if d.severity == "error"
-    ]
+    found = validate(config, world_size=world_size, target=target, resolved=resolved, waiting=waiting)
+    errors = [d for d in found if d.severity == "error"]
     if errors:
         raise error_of(
             Problem(d.path, d.message, d.hint, kind="unresolved-auto" if d.rule == "auto" else "rule", needs=d.needs)

@@ -21,6 +21,8 @@ _ACCELERATE: Final = {fill.path: fill for fill in ACCELERATE_FILLS}
 def autos(f: Facts) -> Iterator[Diagnostic]:
     """``"auto"`` left for DeepSpeed: judged by who fills it, per the target and ``resolved`` (module docstring)."""
     for path in auto_paths(f.config):
+        if path in f.waiting:
+            continue  # resolved once the run knows the fact it needs (the step count, the model's hidden size)
         filler = _FILLED_BY.get(path)
         below_3 = path in _STAGE3_BUCKETS and f.stage is not None and f.stage != 3
         if below_3:

@@ -72,11 +72,15 @@ class Facts:
         target: Target,
         resolved: bool,
         version: tuple[int, ...] | None,
+        waiting: frozenset[str] = frozenset(),
     ) -> None:
         self.config = config
         self.world_size = world_size
         self.target = target
         self.resolved = resolved
+        self.waiting = waiting
+        """The ``"auto"`` keys a resolved config holds until the run knows what fills them (``resolve``'s
+        ``waiting_for``)."""
         self.version = version
         self.version_text = "DeepSpeed " + ".".join(map(str, version)) if version else "DeepSpeed"
         self.rule = ""  # the rule running now (validate() sets it): its diagnostics carry its name

@@ -391,14 +391,49 @@ def test_total_steps_count_the_records_as_session_fit_does(tmp_path: Path) -> No
     assert job.total_steps(world_size=1) == 100
 
 
-def test_validate_stands_in_for_what_only_the_run_knows(tmp_path: Path) -> None:
-    """A hub model's hidden size is unknown before loading: hidden-size "auto" buckets are not an error in validate."""
+def test_validate_waits_for_what_only_the_run_knows(tmp_path: Path) -> None:
+    """A hub model's hidden size is unknown before loading: the hidden-size "auto" buckets wait for it (no error, no
+    stand-in value), and resolve() names the fact it needs."""
     job = load_job(write_job(tmp_path, MINIMAL.replace('"zero2"', '"hf_zero3"')))
     assert job.model.hidden_size is None
     assert [d for d in job.validate() if d.severity == "error"] == []
     with pytest.raises(ConfigError, match="hidden"):
         job.resolve()  # explain / export --resolve need --hidden-size for such a job
     assert job.resolve(hidden_size=64).to_dict()["zero_optimization"]["reduce_bucket_size"] == 4096
+
+
+def test_resolve_leaves_the_keys_waiting_for_a_fact_auto_and_validate_accepts_only_those(tmp_path: Path) -> None:
+    """resolve(waiting_for=["total_steps"]) leaves the schedule's step-count "auto" as it is (nothing stands in for
+    the count) and fills the rest; validate(resolved=True) accepts exactly the keys it is told wait."""
+    from dsbuild.config.walk import auto_paths
+    from dsbuild.resolve.resolution import resolve
+    from dsbuild.validate import validate
+
+    job = load_job(write_job(tmp_path, MINIMAL.replace('"zero2"', '"hf_zero3"')))
+    config = job.config  # hf_zero3: WarmupDecayLR, every param "auto"
+    resolved = resolve(config, training=job.training, hidden_size=64, waiting_for=["total_steps"])
+    waiting = auto_paths(resolved)
+    assert waiting and all(path.startswith("scheduler.params.") for path in waiting)
+    assert not [d for d in validate(resolved, resolved=True, waiting=waiting) if d.severity == "error"]
+    assert {d.path for d in validate(resolved, resolved=True) if d.severity == "error"} == set(waiting)
+    with pytest.raises(ConfigError, match="total_steps"):
+        resolve(config, training=job.training, hidden_size=64)
+
+
+def test_records_that_make_no_micro_batch_are_a_data_error(tmp_path: Path) -> None:
+    """3 records for micro-batches of 4 with dataloader_drop_last: validate says data.path makes no micro-batch (the
+    run would fail at its first step), not a one-step run."""
+    path = write_job(tmp_path, MINIMAL)
+    (tmp_path / "train.jsonl").write_text(
+        "".join('{"instruction": "a", "output": "b"}\n' for _ in range(3)), encoding="utf-8"
+    )
+    job = load_job(
+        path, {"training.per_device_train_batch_size": 4, "strategy.overrides.dataloader_drop_last": True}
+    )
+    found = [d for d in job.validate() if d.severity == "error"]
+    assert [(d.path, d.message) for d in found] == [
+        ("data.path", "3 samples make no micro-batch of 4 for each of 1 processes")
+    ]
 
 
 # -- device mappings --------------------------------------------------------------------
