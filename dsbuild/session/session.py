@@ -254,10 +254,9 @@ class Session(Persist):
         collate_fn: Callable[[list[Any]], Any] | None = None,
         loss_fn: Callable[[Any, Any], Any] | None = None,
     ) -> list[dict[str, Any]]:
-        """Train until ``max_steps`` optimizer steps (or ``epochs`` over ``train_data``, a DataLoader or a Dataset);
-        return this call's history. It logs, evaluates (``eval_every``, and the end) and saves (``save_every``, and the
-        end) when the HF Trainer would, to ``history.jsonl`` and DeepSpeed's monitors; a NaN loss stops it; after
-        ``load_checkpoint`` it continues where the checkpoint left off (docs/session.md, "fit")."""
+        """Train ``max_steps`` optimizer steps (or ``epochs`` over ``train_data``), logging, evaluating and saving when
+        the HF Trainer would; a NaN loss stops it; after ``load_checkpoint`` it continues where the checkpoint left
+        off. Returns this call's history (docs/session.md, "fit")."""
         loader = self.data_loader(train_data, self.micro_batch_size, shuffle=True, collate_fn=collate_fn)
         batches_per_epoch, accumulation = len(loader), self.gradient_accumulation_steps
         if batches_per_epoch == 0:
