@@ -55,8 +55,8 @@ __all__ = ["CHECKS", "READERS"]
 
 def data_source(c: Collector, value: Any, path: str, _: Mapping[str, Any]) -> Any:
     """A data file or folder (made absolute), or a hub dataset id (kept); anything else is a problem at ``path``."""
-    if value is ABSENT:
-        return ABSENT
+    if value is ABSENT or (value == "" and path.endswith("eval_path")):
+        return ABSENT  # an empty eval_path turns a job's evaluation off (--set data.eval_path='')
     what = "the evaluation records" if path.endswith("eval_path") else "the training records"
     if not isinstance(value, str) or not value:
         c.problem(path, f"got {describe(value)}, expected {what}: a file, a folder or a hub dataset id")

@@ -427,9 +427,7 @@ def test_records_that_make_no_micro_batch_are_a_data_error(tmp_path: Path) -> No
     (tmp_path / "train.jsonl").write_text(
         "".join('{"instruction": "a", "output": "b"}\n' for _ in range(3)), encoding="utf-8"
     )
-    job = load_job(
-        path, {"training.per_device_train_batch_size": 4, "strategy.overrides.dataloader_drop_last": True}
-    )
+    job = load_job(path, {"training.per_device_train_batch_size": 4, "strategy.overrides.dataloader_drop_last": True})
     found = [d for d in job.validate() if d.severity == "error"]
     assert [(d.path, d.message) for d in found] == [
         ("data.path", "3 samples make no micro-batch of 4 for each of 1 processes")
