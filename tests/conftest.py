@@ -1,18 +1,30 @@
-"""What every test directory shares: markers from what a test needs, and a small job to train or check.
+"""What every test directory shares: markers from what a test needs, the guard that holds them, and a small job to
+train or check.
 
-Markers: ``slow`` (multi-process or long runs; CI runs them) and ``train`` (the test needs the training extra:
-torch, DeepSpeed, transformers). A config-only install (``pip install dsbuild``, no torch) runs the rest and skips
-the ``train`` tests by marker, with the reason, instead of failing them on an import.
+Markers (``pyproject.toml``): ``engine`` (starts a DeepSpeed engine in the test's process), ``procs`` (starts other
+processes: ``dsbuild`` commands, torchrun, Ray), ``slow`` (a long run) and ``train`` (needs the training extra:
+torch, DeepSpeed, transformers; ``engine`` implies it). The fast loop is ``pytest -m "not engine and not procs"``
+(README, Development). A test that starts an engine or a process without its marker fails, saying which marker to
+add, so the fast loop stays fast: the guard counts ``DeepSpeedEngine`` and ``subprocess.Popen`` starts, passing every
+call through (a compiler DeepSpeed runs is not a process a test starts). A config-only install (``pip install dsbuild``, no torch) runs the rest and skips the ``train`` and
+``engine`` tests by marker, with the reason, instead of failing them on an import.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import json
 import os
+import re
 import shutil
-from collections.abc import Callable, Mapping
+import subprocess
+import sys
+from collections.abc import Callable, Generator, Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -40,14 +52,130 @@ vocab_size = 384
 TINY_TRAINING: dict[str, Any] = {"per_device_train_batch_size": 4, "learning_rate": 1e-3, "max_steps": 10}
 
 
+_NEEDS_TRAINING = re.compile(r"^pytestmark = .*pytest\.mark\.(train|engine)\b", re.MULTILINE)
+_IGNORED: list[str] = []
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Without the training extra, a module marked ``train`` or ``engine`` as a whole (``pytestmark``) is not
+    imported (it imports torch at its top); the summary counts them."""
+    if not MISSING or collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None
+    if _NEEDS_TRAINING.search(collection_path.read_text(encoding="utf-8")):
+        _IGNORED.append(collection_path.name)
+        return True
+    return None
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _IGNORED:
+        terminalreporter.write_line(
+            f"{len(_IGNORED)} test modules not collected: they need the training extra "
+            f"(pip install 'dsbuild[train]'): no {', '.join(MISSING)}"
+        )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip the ``train`` tests, by marker, where the training extra is not installed."""
+    """Skip the ``train`` and ``engine`` tests, by marker, where the training extra is not installed."""
     if not MISSING:
         return
     skip = pytest.mark.skip(reason=f"needs the training extra (pip install 'dsbuild[train]'): no {', '.join(MISSING)}")
     for item in items:
-        if item.get_closest_marker("train") is not None:
+        if item.get_closest_marker("train") is not None or item.get_closest_marker("engine") is not None:
             item.add_marker(skip)
+
+
+# -- the guard of the markers ---------------------------------------------------------------------------------------
+
+NEEDS = {"engine": "starts a DeepSpeed engine", "procs": "starts a process (Python, torchrun, Ray, dsbuild)"}
+"""What each marker says a test does, as the guard words it."""
+_STARTED = dict.fromkeys(NEEDS, 0)
+
+
+def _counted(kind: str, init: Callable[..., None]) -> Callable[..., None]:
+    """``init``, counting each call as a start of ``kind``; everything passes through."""
+
+    @functools.wraps(init)
+    def counted(self: Any, *args: Any, **kwargs: Any) -> None:
+        _STARTED[kind] += 1
+        init(self, *args, **kwargs)
+
+    return counted
+
+
+class _WatchEngines(importlib.abc.MetaPathFinder):
+    """Counts ``DeepSpeedEngine`` starts from the moment DeepSpeed is imported, whichever test imports it first."""
+
+    NAME = "deepspeed.runtime.engine"
+
+    def find_spec(self, name: str, path: Sequence[str] | None, target: ModuleType | None = None) -> Any:
+        if name != self.NAME:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        load = spec.loader.exec_module
+
+        def exec_module(module: ModuleType) -> None:
+            load(module)
+            engine = module.DeepSpeedEngine
+            engine.__init__ = _counted("engine", engine.__init__)  # type: ignore[method-assign]
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+_LAUNCHERS = ("python", "torchrun", "dsbuild", "ray", "deepspeed", "accelerate", "sbatch", "srun")
+"""Programs whose start counts as a process a test starts (a compiler or ``ld`` that DeepSpeed's op builders run
+while an engine starts does not)."""
+
+
+def _counted_popen(init: Callable[..., None]) -> Callable[..., None]:
+    """``Popen.__init__``, counting the start of a Python interpreter or a launcher as a ``procs`` start."""
+
+    @functools.wraps(init)
+    def counted(self: Any, args: Any, *rest: Any, **kwargs: Any) -> None:
+        program = args if isinstance(args, (str, bytes, os.PathLike)) else (args[0] if args else "")
+        name = os.path.basename(os.fsdecode(program)).split()[0] if program else ""
+        if name.startswith(_LAUNCHERS) or os.fsdecode(program) == sys.executable:
+            _STARTED["procs"] += 1
+        init(self, args, *rest, **kwargs)
+
+    return counted
+
+
+subprocess.Popen.__init__ = _counted_popen(subprocess.Popen.__init__)  # type: ignore[method-assign]
+if _WatchEngines.NAME not in sys.modules:
+    sys.meta_path.insert(0, _WatchEngines())
+
+
+def _held(item: pytest.Item) -> Generator[None, Any, Any]:
+    """One phase of ``item`` (its setup or its call), then a failure when it started what it is not marked for."""
+    before = dict(_STARTED)
+    result = yield
+    unmarked = [kind for kind in NEEDS if _STARTED[kind] > before[kind] and item.get_closest_marker(kind) is None]
+    if unmarked:
+        said = " and ".join(NEEDS[kind] for kind in unmarked)
+        marks = ", ".join(f"@pytest.mark.{kind}" for kind in unmarked)
+        report = os.environ.get("DSBUILD_TEST_NEEDS")  # a file: list what is unmarked instead of failing
+        if report:
+            with open(report, "a", encoding="utf-8") as f:
+                f.write(f"{item.nodeid}\t{' '.join(unmarked)}\n")
+        else:
+            pytest.fail(f"{item.nodeid} {said} but is not marked {marks} (tests/conftest.py)", pytrace=False)
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None, Any, Any]:
+    """A fixture that starts an engine or a process needs the marker on the tests that use it."""
+    return (yield from _held(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
+    """A test that starts an engine or a process without its marker fails, naming the marker."""
+    return (yield from _held(item))
 
 
 @pytest.fixture

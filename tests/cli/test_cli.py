@@ -86,6 +86,7 @@ def test_show_file_as_toml(capsys: pytest.CaptureFixture[str], tmp_path: Path) -
     assert Config.from_dict(tomllib.loads(out)) == Config.preset("zero2").batch(micro=4)
 
 
+@pytest.mark.procs
 @pytest.mark.train
 def test_show_and_doctor_take_a_job_file(capsys: pytest.CaptureFixture[str]) -> None:
     """A job file is shown as its run's config, and doctor checks against it (cli.md: CONFIG_OR_JOB)."""
@@ -409,6 +410,7 @@ def _dsbuild(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.procs
 def test_subprocess_show_preset(tmp_path: Path) -> None:
     """``python -m dsbuild`` works end to end."""
     result = _dsbuild("show", "zero3", cwd=tmp_path)
@@ -416,6 +418,7 @@ def test_subprocess_show_preset(tmp_path: Path) -> None:
     assert json.loads(result.stdout)["zero_optimization"]["stage"] == 3
 
 
+@pytest.mark.procs
 def test_subprocess_bad_input_has_no_traceback(tmp_path: Path, bad_json: Path) -> None:
     """Bad input is a message and exit 2 from the real process, never a traceback."""
     result = _dsbuild("validate", bad_json.name, "missing.toml", cwd=tmp_path)
@@ -427,6 +430,7 @@ def test_subprocess_bad_input_has_no_traceback(tmp_path: Path, bad_json: Path) -
     ]
 
 
+@pytest.mark.procs
 def test_subprocess_validate_exit_1_and_no_heavy_imports(tmp_path: Path, removed: Path) -> None:
     """A removed section exits 1; the CLI never imports torch or deepspeed for config work."""
     code = (
@@ -442,6 +446,7 @@ def test_subprocess_validate_exit_1_and_no_heavy_imports(tmp_path: Path, removed
     assert "amp: removed from DeepSpeed" in result.stdout
 
 
+@pytest.mark.procs
 def test_subprocess_validate_deepspeed_prints_only_the_report(tmp_path: Path, good: Path) -> None:
     """In a fresh process (DeepSpeed imported there, no accelerator chosen), DeepSpeed adds no noise to the report."""
     if missing("torch", "deepspeed"):

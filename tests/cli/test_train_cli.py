@@ -283,6 +283,7 @@ def test_checkpoints_lists_only_checkpoint_folders(capsys: pytest.CaptureFixture
     assert code == 1 and "global_step2" in out and "DAMAGED" in out and "data" not in out.replace(str(tmp_path), "")
 
 
+@pytest.mark.procs
 @pytest.mark.train
 def test_device_mapping_holding_code_is_refused_and_never_run(job: Path, tmp_path: Path) -> None:
     """A ROLL-style device_mapping string is parsed, never evaluated: code in it is an error, and it does not run."""
@@ -308,6 +309,7 @@ def test_device_mapping_holding_code_is_refused_and_never_run(job: Path, tmp_pat
         (["validate"], "['torch', 'transformers']"),  # [model.config] is checked against its transformers class
     ],
 )
+@pytest.mark.procs
 def test_job_commands_import_only_what_they_check_with(job: Path, command: list[str], allowed: str) -> None:
     """explain / export on a job import nothing heavy; validate imports transformers (and torch, which transformers
     loads) to check the model, never DeepSpeed or peft (only train does)."""

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX special files")
+pytestmark = [pytest.mark.skipif(sys.platform == "win32", reason="POSIX special files"), pytest.mark.procs]
 
 NAME = "cfg"
 """The stem of every file made here; the tests run in its folder, so messages name it as given."""

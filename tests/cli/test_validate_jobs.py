@@ -13,7 +13,8 @@ from dsbuild.cli import main
 from dsbuild.errors import ConfigError
 from dsbuild.job import MAX_DEVICES, parse_device_mapping
 
-pytest.importorskip("transformers")
+pytestmark = pytest.mark.train  # the training extra; tests/conftest.py skips it without
+
 
 JOB = """\
 [model]
@@ -129,6 +130,8 @@ def test_device_mapping_is_bounded_before_it_is_listed(text: str) -> None:
     assert len(parse_device_mapping(f"0-{MAX_DEVICES - 1}")) == MAX_DEVICES
 
 
+@pytest.mark.procs
+@pytest.mark.engine
 @pytest.mark.slow
 def test_nproc_per_node_overrides_the_device_mapping(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -14,20 +14,21 @@ from typing import Any
 
 import attrs
 import pytest
+import torch
+from _session_common import TokenData, tiny_llama
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("deepspeed")
-pytest.importorskip("transformers")
+from dsbuild import Config
+from dsbuild.errors import CheckpointError, NonFiniteLossError
+from dsbuild.outputs import manifest
+from dsbuild.outputs.history import read as read_history
+from dsbuild.resolve.training import Training
+from dsbuild.session import Session, weights_only
 
-
-from _session_common import TokenData, tiny_llama  # noqa: E402
-
-from dsbuild import Config  # noqa: E402
-from dsbuild.errors import CheckpointError, NonFiniteLossError  # noqa: E402
-from dsbuild.outputs import manifest  # noqa: E402
-from dsbuild.outputs.history import read as read_history  # noqa: E402
-from dsbuild.resolve.training import Training  # noqa: E402
-from dsbuild.session import Session, weights_only  # noqa: E402
+pytestmark = [
+    pytest.mark.train,
+    pytest.mark.engine,
+    pytest.mark.procs,
+]  # the training extra; tests/conftest.py skips it without
 
 # torch's own AdamW (torch_adam): a resumed run then matches the uninterrupted one bit for bit (DeepSpeed's CPU
 # Adam keeps its bias correction in process-wide state and recomputes it after a resume, to ~1e-7).

@@ -15,17 +15,20 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
+import transformers
+from _session_common import batch, tiny_llama
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("deepspeed")
-transformers = pytest.importorskip("transformers")
+from dsbuild import Config, SessionError, Training
+from dsbuild.cli import main
+from dsbuild.session import Session
+from dsbuild.session.distributed import free_port
 
-from _session_common import batch, tiny_llama  # noqa: E402
-
-from dsbuild import Config, SessionError, Training  # noqa: E402
-from dsbuild.cli import main  # noqa: E402
-from dsbuild.session import Session  # noqa: E402
-from dsbuild.session.distributed import free_port  # noqa: E402
+pytestmark = [
+    pytest.mark.train,
+    pytest.mark.engine,
+    pytest.mark.procs,
+]  # the training extra; tests/conftest.py skips it without
 
 CPU_REASON = "This op had not been implemented on CPU backend."
 

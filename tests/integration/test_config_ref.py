@@ -9,14 +9,13 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch")
-pytest.importorskip("deepspeed")
-
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 from dsbuild import Config
 from dsbuild.cli import main
 from dsbuild.session.setup import as_config
+
+pytestmark = pytest.mark.train  # the training extra; tests/conftest.py skips it without
 
 
 def test_session_and_the_cli_read_a_bare_preset_name_the_same_way(

@@ -15,22 +15,24 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import datasets
 import pytest
+import transformers
+from _session_common import tiny_llama
 
-torch = pytest.importorskip("torch")
-deepspeed = pytest.importorskip("deepspeed")
-datasets = pytest.importorskip("datasets")
-transformers = pytest.importorskip("transformers")
+from dsbuild import Config
+from dsbuild.data import collate, load
+from dsbuild.job import DataSpec
+from dsbuild.job.formats import FALLBACK_CHAT_TEMPLATE
+from dsbuild.outputs.history import read as read_history
+from dsbuild.session import Session
+from dsbuild.session.distributed import free_port
 
-from _session_common import tiny_llama  # noqa: E402
-
-from dsbuild import Config  # noqa: E402
-from dsbuild.data import collate, load  # noqa: E402
-from dsbuild.job import DataSpec  # noqa: E402
-from dsbuild.job.formats import FALLBACK_CHAT_TEMPLATE  # noqa: E402
-from dsbuild.outputs.history import read as read_history  # noqa: E402
-from dsbuild.session import Session  # noqa: E402
-from dsbuild.session.distributed import free_port  # noqa: E402
+pytestmark = [
+    pytest.mark.train,
+    pytest.mark.engine,
+    pytest.mark.procs,
+]  # the training extra; tests/conftest.py skips it without
 
 QUESTIONS = [(f"What is {a} + {b}?", str(a + b)) for a in range(6) for b in range(4)]
 

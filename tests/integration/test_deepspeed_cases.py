@@ -21,8 +21,9 @@ import pytest
 from dsbuild import Config, ConfigError
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
-deepspeed = pytest.importorskip("deepspeed")
-from deepspeed.runtime import config as ds_config  # noqa: E402
+from deepspeed.runtime import config as ds_config
+
+pytestmark = pytest.mark.train  # the training extra; tests/conftest.py skips it without
 
 B = {"train_micro_batch_size_per_gpu": 1}
 

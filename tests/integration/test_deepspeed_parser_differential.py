@@ -12,14 +12,14 @@ import copy
 from typing import Any
 
 import pytest
+from deepspeed.runtime import config as ds_config
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from dsbuild import Config, ConfigError
 from dsbuild.validate import batch_triangle, check
 
-deepspeed = pytest.importorskip("deepspeed")
-from deepspeed.runtime import config as ds_config  # noqa: E402
+pytestmark = pytest.mark.train  # the training extra; tests/conftest.py skips it without
 
 AUTO = "auto"
 

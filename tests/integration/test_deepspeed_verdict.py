@@ -6,13 +6,13 @@ Real DeepSpeed on its CPU accelerator; the world size is simulated for the call 
 from __future__ import annotations
 
 import pytest
+from deepspeed.runtime import config as ds_config
 
 from dsbuild import Config
 from dsbuild.validate import Diagnostic
 from dsbuild.validate.deepspeed_verdict import LABEL, SECTIONS, deepspeed_verdict
 
-deepspeed = pytest.importorskip("deepspeed")
-from deepspeed.runtime import config as ds_config  # noqa: E402
+pytestmark = pytest.mark.train  # the training extra; tests/conftest.py skips it without
 
 
 def lines(found: list[Diagnostic]) -> list[str]:

@@ -12,18 +12,16 @@ import re
 from pathlib import Path
 
 import pytest
+import transformers
+from _session_common import tiny_llama
+from test_schema_coverage import deepspeed_schema
 
 from dsbuild import Config, ConfigError
+from dsbuild.cli import main
+from dsbuild.session import Session
 from dsbuild.validate.feature_table import ELSEWHERE, FEATURES, REFUSED, TRAINED, refusals
 
-pytest.importorskip("deepspeed")
-transformers = pytest.importorskip("transformers")
-
-from _session_common import tiny_llama  # noqa: E402
-from test_schema_coverage import deepspeed_schema  # noqa: E402
-
-from dsbuild.cli import main  # noqa: E402
-from dsbuild.session import Session  # noqa: E402
+pytestmark = pytest.mark.train  # the training extra; tests/conftest.py skips it without
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "features.md"
 

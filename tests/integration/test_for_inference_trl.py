@@ -41,23 +41,19 @@ from types import SimpleNamespace
 from typing import Any
 from unittest import mock
 
+import deepspeed
 import pytest
+import torch
+import trl.models.utils as trl_utils
+from accelerate import Accelerator
+from accelerate.state import AcceleratorState, GradientState
+from accelerate.utils import DeepSpeedPlugin
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from transformers.integrations import unset_hf_deepspeed_config
 
-torch = pytest.importorskip("torch")
-deepspeed = pytest.importorskip("deepspeed")
-pytest.importorskip("transformers")
-pytest.importorskip("accelerate")
-trl_utils = pytest.importorskip("trl.models.utils")
-
-from accelerate import Accelerator  # noqa: E402
-from accelerate.state import AcceleratorState, GradientState  # noqa: E402
-from accelerate.utils import DeepSpeedPlugin  # noqa: E402
-from transformers.integrations import unset_hf_deepspeed_config  # noqa: E402
-
-from dsbuild import Config  # noqa: E402
-from dsbuild.validate.deepspeed_verdict import deepspeed_verdict  # noqa: E402
+from dsbuild import Config
+from dsbuild.validate.deepspeed_verdict import deepspeed_verdict
 
 pytestmark = pytest.mark.train
 
@@ -356,6 +352,7 @@ ENGINES = [
 ]
 
 
+@pytest.mark.engine
 @pytest.mark.slow
 @pytest.mark.parametrize(("stage", "offload", "precision", "wrapper"), ENGINES)
 def test_deepspeed_builds_an_engine_without_an_optimizer(
@@ -379,6 +376,7 @@ def test_deepspeed_builds_an_engine_without_an_optimizer(
     assert loss == pytest.approx(expected, rel=0 if precision is None else 0.05)
 
 
+@pytest.mark.engine
 @pytest.mark.slow
 def test_deepspeeds_engine_fails_on_what_the_rule_removes() -> None:
     """The engine-level rows: TRL's reference of a ZeRO-2 config with managed_gradient_accumulation=false does not

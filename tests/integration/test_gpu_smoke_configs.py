@@ -11,7 +11,6 @@ import pytest
 
 from dsbuild import Config
 
-pytest.importorskip("deepspeed")
 pytestmark = pytest.mark.train
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_smoke.py"

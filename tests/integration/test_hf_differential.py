@@ -22,18 +22,16 @@ from types import SimpleNamespace as NS
 from typing import Any
 
 import pytest
+from deepspeed.runtime.config import DeepSpeedConfig
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from transformers import TrainingArguments
+from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig, unset_hf_deepspeed_config
 
 from dsbuild import Config, ConfigError, ConflictError, InvalidValueError, UnresolvedAutoError
 from dsbuild.resolve.training import Training
 
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("deepspeed")
-pytest.importorskip("accelerate")
-from deepspeed.runtime.config import DeepSpeedConfig  # noqa: E402
-from transformers import TrainingArguments  # noqa: E402
-from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig, unset_hf_deepspeed_config  # noqa: E402
+pytestmark = pytest.mark.train  # the training extra; tests/conftest.py skips it without
 
 AUTO = "auto"
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")

@@ -19,7 +19,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.slow  # builds a wheel and installs into a new environment from the package index
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.procs,
+]  # builds a wheel and installs into a new environment from the package index
 
 
 def _oldest_python() -> str:

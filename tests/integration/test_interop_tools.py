@@ -23,9 +23,8 @@ import pytest
 
 from dsbuild.cli import main
 
-pytest.importorskip("accelerate")
-pytest.importorskip("deepspeed")
-pytest.importorskip("transformers")
+pytestmark = pytest.mark.train  # the training extra; tests/conftest.py skips it without
+
 
 WORKER = Path(__file__).parent / "_interop_worker.py"
 
@@ -143,6 +142,7 @@ def test_sequence_parallelism_reaches_accelerates_launcher(job: Path, monkeypatc
     assert "parallelism_config" not in plain.read_text()
 
 
+@pytest.mark.procs
 @pytest.mark.slow
 def test_a_plain_accelerate_loop_trains_on_the_export(accelerate_files: tuple[Path, Path]) -> None:
     """`accelerate launch` with the exported YAML, a DummyOptim / DummyScheduler loop: 3 steps, finite losses, weights
@@ -156,6 +156,7 @@ def test_a_plain_accelerate_loop_trains_on_the_export(accelerate_files: tuple[Pa
     assert config["scheduler"]["params"]["total_num_steps"] == 3
 
 
+@pytest.mark.procs
 @pytest.mark.slow
 def test_the_hf_trainer_trains_under_accelerate_launch_on_the_export(accelerate_files: tuple[Path, Path]) -> None:
     """The HF Trainer under `accelerate launch` with the exported YAML (no deepspeed= argument): it fills the "auto"
@@ -167,6 +168,7 @@ def test_the_hf_trainer_trains_under_accelerate_launch_on_the_export(accelerate_
     assert result["config"]["optimizer"]["params"]["betas"] == [0.9, 0.95]
 
 
+@pytest.mark.procs
 @pytest.mark.slow
 def test_the_hf_trainer_trains_on_the_hf_export(job: Path) -> None:
     """`dsbuild export job.toml --for hf`, then TrainingArguments(deepspeed=that file) in a plain `python` process."""

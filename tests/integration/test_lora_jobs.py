@@ -15,16 +15,12 @@ import time
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip("deepspeed")
-pytest.importorskip("peft")
-
 from test_train import LORA_JOB, fresh_env
 
 from dsbuild.outputs import manifest
 from dsbuild.outputs.history import read as read_history
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.train, pytest.mark.procs]
 
 STEPS = ["--set=training.max_steps=6", "--set=training.save_steps=3", "--set=training.bf16=false"]
 """6 steps (3 epochs of the notes), a checkpoint every 3, fp32: a resume equals the uninterrupted run to 1e-5."""

@@ -18,12 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("deepspeed")
-pytest.importorskip("transformers")
-
-pytestmark = pytest.mark.slow  # each side trains in a process of its own
+pytestmark = [pytest.mark.slow, pytest.mark.train, pytest.mark.procs]  # each side trains in a process of its own
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "_loss_parity_worker.py"

@@ -12,14 +12,13 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 from typing import Any
 
 import pytest
+import torch
+import transformers
+from _session_common import Regression
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("deepspeed")
-transformers = pytest.importorskip("transformers")
+from dsbuild import Config, Session, Training
 
-from _session_common import Regression  # noqa: E402
-
-from dsbuild import Config, Session, Training  # noqa: E402
+pytestmark = [pytest.mark.train, pytest.mark.engine]  # the training extra; tests/conftest.py skips it without
 
 STEPS = 5
 

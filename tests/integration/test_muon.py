@@ -8,16 +8,19 @@ import os
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 import pytest
+import torch
+import transformers
+from _session_common import batch, tiny_llama
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("deepspeed")
-transformers = pytest.importorskip("transformers")
+from dsbuild import Config, ConfigError
+from dsbuild.config import MuonParams
+from dsbuild.session import Session
 
-from _session_common import batch, tiny_llama  # noqa: E402
-
-from dsbuild import Config, ConfigError  # noqa: E402
-from dsbuild.config import MuonParams  # noqa: E402
-from dsbuild.session import Session  # noqa: E402
+pytestmark = [
+    pytest.mark.train,
+    pytest.mark.engine,
+    pytest.mark.procs,
+]  # the training extra; tests/conftest.py skips it without
 
 
 def test_muon_params_are_typed() -> None:

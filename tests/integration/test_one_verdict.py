@@ -11,15 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from dsbuild.cli import main
+from dsbuild.validate.deepspeed_verdict import deepspeed_verdict
 
-pytest.importorskip("deepspeed")
-yaml = pytest.importorskip("yaml")
-
-from dsbuild.validate.deepspeed_verdict import deepspeed_verdict  # noqa: E402
-
-pytestmark = pytest.mark.train
+pytestmark = [pytest.mark.train, pytest.mark.procs]
 
 CORPUS = Path(__file__).resolve().parents[2].parent / "shared" / "corpus"
 NOT_DS_CONFIGS = {"ROLL/deepspeed_config.yaml", "ROLL/rlvr_lora_zero3.yaml", "accelerate/deepspeed.yaml"}

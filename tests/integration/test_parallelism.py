@@ -13,11 +13,7 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("deepspeed")
-torch = pytest.importorskip("torch")
-safetensors = pytest.importorskip("safetensors.torch")
-
-pytestmark = [pytest.mark.slow, pytest.mark.train]
+pytestmark = [pytest.mark.slow, pytest.mark.train, pytest.mark.procs]
 
 
 def _train(job: Path, out: Path, *argv: str) -> list[float]:

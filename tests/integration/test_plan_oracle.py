@@ -7,21 +7,21 @@ import re
 from typing import Any
 
 import pytest
-
-from dsbuild.planner import count_params, plan
-
-estimators = pytest.importorskip("deepspeed.runtime.zero.stage3")
-from deepspeed.runtime.zero.stage3 import (  # noqa: E402
+from deepspeed.runtime.zero.stage3 import (
     estimate_zero3_model_states_mem_needs,
     estimate_zero3_model_states_mem_needs_all_cold,
     estimate_zero3_model_states_mem_needs_all_live,
 )
-from deepspeed.runtime.zero.stage3 import model_to_params as zero3_model_to_params  # noqa: E402
-from deepspeed.runtime.zero.stage_1_and_2 import (  # noqa: E402
+from deepspeed.runtime.zero.stage3 import model_to_params as zero3_model_to_params
+from deepspeed.runtime.zero.stage_1_and_2 import (
     estimate_zero2_model_states_mem_needs,
     estimate_zero2_model_states_mem_needs_all_cold,
     estimate_zero2_model_states_mem_needs_all_live,
 )
+
+from dsbuild.planner import count_params, plan
+
+pytestmark = pytest.mark.train  # the training extra; tests/conftest.py skips it without
 
 SIZES = [125_000_000, 1_300_000_000, 6_738_415_616, 70_000_000_000, 175_000_000_000]
 CLUSTERS = [(1, 1), (2, 1), (8, 1), (8, 4), (4, 16)]  # (gpus_per_node, nodes)

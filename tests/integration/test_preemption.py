@@ -14,15 +14,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("deepspeed")
-pytest.importorskip("transformers")
+from dsbuild import Config, Session, Training
+from dsbuild.errors import RunStopped
+from dsbuild.outputs import manifest
+from dsbuild.outputs.history import read as read_history
 
-from dsbuild import Config, Session, Training  # noqa: E402
-from dsbuild.errors import RunStopped  # noqa: E402
-from dsbuild.outputs import manifest  # noqa: E402
-from dsbuild.outputs.history import read as read_history  # noqa: E402
+pytestmark = [
+    pytest.mark.train,
+    pytest.mark.engine,
+    pytest.mark.procs,
+]  # the training extra; tests/conftest.py skips it without
 
 
 def loss_fn(engine: Any, batch: Any) -> Any:

@@ -18,6 +18,8 @@ import pytest
 from dsbuild.cli import main
 from dsbuild.outputs.history import read as read_history
 
+pytestmark = pytest.mark.procs
+
 FEW_STEPS = [
     "--set=training.max_steps=6",
     "--set=training.save_steps=2",

@@ -18,8 +18,7 @@ import pytest
 
 from dsbuild.outputs.history import read as read_history
 
-pytest.importorskip("deepspeed")
-pytestmark = pytest.mark.slow  # 2-process runs
+pytestmark = [pytest.mark.slow, pytest.mark.train, pytest.mark.procs]  # 2-process runs
 
 STEPS = ["--set=training.save_steps=2", "--set=training.logging_steps=1", "--set=training.bf16=false"]
 """The demo job (ZeRO-3), a checkpoint every 2 steps, fp32 so that a resume equals the uninterrupted run to 1e-6;

@@ -19,16 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import safetensors.torch as safetensors
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
-pytest.importorskip("deepspeed")
-pytest.importorskip("peft")
-torch = pytest.importorskip("torch")
-safetensors = pytest.importorskip("safetensors.torch")
-
-from hypothesis import HealthCheck, example, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-pytestmark = [pytest.mark.slow, pytest.mark.train]
+pytestmark = [pytest.mark.slow, pytest.mark.train, pytest.mark.procs]
 
 HERE = Path(__file__).parent
 WORKER = HERE / "_shapes_worker.py"

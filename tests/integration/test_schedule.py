@@ -13,16 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+import transformers
+from _session_common import Regression
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("deepspeed")
-transformers = pytest.importorskip("transformers")
+from dsbuild import Config, Session, Training
 
-from _session_common import Regression  # noqa: E402
-
-from dsbuild import Config, Session, Training  # noqa: E402
-
-pytestmark = pytest.mark.train
+pytestmark = [pytest.mark.train, pytest.mark.engine]
 
 ROWS = 10  # 5 optimizer steps an epoch at 2 samples a step
 

@@ -31,11 +31,12 @@ from dsbuild.io.convert import REMOVED_KEYS, RENAMED_KEYS
 from dsbuild.validate.catalogue import REMOVED_ZERO_KEYS
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
-deepspeed = pytest.importorskip("deepspeed")
-pydantic = pytest.importorskip("pydantic")
+import deepspeed
+import pydantic
+from deepspeed.runtime import config as ds_config
+from deepspeed.runtime.config_utils import DeepSpeedConfigModel
 
-from deepspeed.runtime import config as ds_config  # noqa: E402
-from deepspeed.runtime.config_utils import DeepSpeedConfigModel  # noqa: E402
+pytestmark = pytest.mark.train  # the training extra; tests/conftest.py skips it without
 
 PROBE = "__dsprobe__"
 BASE = {"train_micro_batch_size_per_gpu": 1}

@@ -18,12 +18,11 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("deepspeed")
-pytest.importorskip("transformers")
-
 from dsbuild.outputs import manifest
 from dsbuild.outputs.history import read as read_history
 from dsbuild.session.distributed import free_port
+
+pytestmark = [pytest.mark.train, pytest.mark.procs]  # the training extra; tests/conftest.py skips it without
 
 ROOT = Path(__file__).resolve().parents[2]
 LORA_JOB = ROOT / "examples" / "job_lora_zero3.toml"

@@ -16,10 +16,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("deepspeed")
-pytest.importorskip("transformers")
-
-pytestmark = pytest.mark.slow  # each starts DeepSpeed in a new process
+pytestmark = [pytest.mark.slow, pytest.mark.train, pytest.mark.procs]  # each starts DeepSpeed in a new process
 
 SHORT = ["--set=training.max_steps=4", "--set=training.save_steps=2", "--set=training.eval_steps=2"]
 

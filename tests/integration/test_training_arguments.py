@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
-pytest.importorskip("deepspeed")
-pytest.importorskip("tensorboard")
 
 from _session_common import TokenData, tiny_llama
 
 from dsbuild import Config, Training
 from dsbuild.session import Session
+
+pytestmark = [pytest.mark.train, pytest.mark.engine]  # the training extra; tests/conftest.py skips it without
 
 
 def scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:

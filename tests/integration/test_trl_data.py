@@ -12,15 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import transformers
+import trl
 
 from dsbuild.data import load, prompt_of
 from dsbuild.data.batching import collate
 from dsbuild.job import DataSpec
 from dsbuild.job.formats import FALLBACK_CHAT_TEMPLATE
 
-pytest.importorskip("datasets")
-transformers = pytest.importorskip("transformers")
-trl = pytest.importorskip("trl", reason="trl is a test dependency (the [dev] extra): the differential needs it")
+pytestmark = pytest.mark.train  # the training extra; tests/conftest.py skips it without
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKINGS = [None, "bfd", "bfd_split", "wrapped"]

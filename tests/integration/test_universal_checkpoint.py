@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("deepspeed")
-pytest.importorskip("transformers")
-
 from dsbuild.outputs.history import read as read_history
 from dsbuild.outputs.manifest import verify
 
-pytestmark = pytest.mark.slow  # 2-process runs, a conversion and a load, each in a new process
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.train,
+    pytest.mark.procs,
+]  # 2-process runs, a conversion and a load, each in a new process
 
 FEW_STEPS = ["--set=training.save_steps=2", "--set=training.logging_steps=1", "--set=training.bf16=false"]
 """The demo job in fp32 (bf16's rounding alone differs by 4e-5 two steps on), a checkpoint every 2 steps. The global

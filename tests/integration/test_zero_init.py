@@ -12,8 +12,8 @@ import textwrap
 
 import pytest
 
-pytest.importorskip("deepspeed")
-pytest.importorskip("transformers")
+pytestmark = [pytest.mark.train, pytest.mark.procs]  # the training extra; tests/conftest.py skips it without
+
 
 BUILD = textwrap.dedent(
     """

@@ -6,13 +6,12 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml  # noqa: F401
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import file_bytes
 
 from dsbuild import Config, ConfigError
-
-pytest.importorskip("yaml")
 
 BOUND_S = 5.0
 """Seconds one file may take to read, generous for a shared machine (a real one takes milliseconds)."""

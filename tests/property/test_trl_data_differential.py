@@ -19,13 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import transformers
+import trl
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from strategies import DataCase, chat_templates, data_cases, trl_examples
 
-pytest.importorskip("datasets")
-transformers = pytest.importorskip("transformers")
-trl = pytest.importorskip("trl", reason="trl is a test dependency (the [dev] extra): the differential needs it")
 pytestmark = [pytest.mark.train]
 
 from dsbuild.data import load  # noqa: E402

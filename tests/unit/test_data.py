@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import transformers
 
 from dsbuild import ConfigError
 from dsbuild._util.safe_read import count_records
@@ -21,8 +22,7 @@ from dsbuild.data import IGNORE_INDEX, check, load, pack, prompt_of, read_record
 from dsbuild.job import DataSpec
 from dsbuild.job.formats import FALLBACK_CHAT_TEMPLATE, TEMPLATES
 
-pytest.importorskip("datasets")
-transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.train  # the training extra; tests/conftest.py skips it without
 
 ALPACA = [
     {"instruction": "Add.", "input": "1 and 2", "output": "3"},
@@ -363,6 +363,7 @@ def test_every_file_type_gives_the_same_samples(tmp_path: Path, tok: Any) -> Non
     assert split.evaluation is not None and len(split.train) == 3 and len(split.evaluation) == 1
 
 
+@pytest.mark.procs
 def test_tokenizing_is_cached_across_processes(tmp_path: Path, tok: Any) -> None:
     """A second load, here or in a new process (another rank), reads datasets' cache instead of tokenizing again."""
     path = write(tmp_path / "d.jsonl", ALPACA * 5)
@@ -523,6 +524,7 @@ def test_a_chat_template_that_cannot_be_split_is_refused(tmp_path: Path, tok: An
     assert str(e).startswith("data.chat_template: the chat template renders earlier turns differently")
 
 
+@pytest.mark.procs
 def test_a_hub_id_without_the_hub_names_data_path(tmp_path: Path) -> None:
     """Offline, a hub dataset id is one clear error naming data.path, not a traceback."""
     script = (

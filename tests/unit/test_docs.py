@@ -35,6 +35,7 @@ def _param(page: Path) -> Any:
     return pytest.param(page, id=str(page.relative_to(ROOT)), marks=[pytest.mark.train] if needs_training else [])
 
 
+@pytest.mark.engine
 @pytest.mark.parametrize("page", [_param(p) for p in PAGES])
 def test_page_examples_run(page: Path, tmp_path: Path) -> None:
     """A documented example that raises is a bug in the docs or in the code."""

@@ -15,6 +15,8 @@ from dsbuild.env.doctor import Check, DoctorReport, needed_ops, render_report, r
 from dsbuild.env.tested import OLDEST, TESTED
 from dsbuild.env.versions import version_tuple
 
+pytestmark = pytest.mark.procs
+
 
 def _builder(class_name: str) -> Any:
     from deepspeed.accelerator import get_accelerator

@@ -47,6 +47,7 @@ print(lora_fingerprint(model))
 """
 
 
+@pytest.mark.procs
 @pytest.mark.train
 def test_the_lora_fingerprint_is_the_same_under_every_hash_seed() -> None:
     """peft keeps target_modules as a set, whose order follows PYTHONHASHSEED: processes with different seeds (a run

@@ -7,6 +7,10 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
+pytestmark = pytest.mark.procs
+
 HEAVY = ("torch", "deepspeed", "transformers", "peft")
 
 SCRIPT = textwrap.dedent(

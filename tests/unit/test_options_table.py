@@ -11,12 +11,13 @@ from typing import Any
 
 import attrs
 import pytest
+import transformers
+import trl
 
 from dsbuild.job import DataSpec
 from dsbuild.resolve.training import Training
 
-transformers = pytest.importorskip("transformers")
-trl = pytest.importorskip("trl", reason="trl is a test dependency (the [dev] extra)")
+pytestmark = pytest.mark.train  # the training extra; tests/conftest.py skips it without
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "jobs.md"
 SECTION = "## Every option beside the HF Trainer's and TRL's"

@@ -294,6 +294,7 @@ def test_plan_is_a_frozen_value() -> None:
 # -- imports ----------------------------------------------------------------------------
 
 
+@pytest.mark.procs
 def test_planning_imports_neither_torch_nor_deepspeed(tmp_path: Path) -> None:
     """Planning from a number, a config dict and a config.json leaves torch, deepspeed and transformers unimported."""
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", **SMALL}))

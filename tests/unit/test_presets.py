@@ -262,6 +262,7 @@ def test_every_preset_file_parses_as_plain_toml() -> None:
 # -- packaging -----------------------------------------------------------------
 
 
+@pytest.mark.procs
 def test_wheel_ships_the_presets(tmp_path: Path) -> None:
     """pyproject's force-include puts presets/*.toml at dsbuild/presets/ in the wheel."""
     result = subprocess.run(

@@ -24,6 +24,7 @@ def _run(*cmd: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
 
 
+@pytest.mark.procs
 def test_ruff_check_is_clean() -> None:
     """`ruff check .` finds nothing."""
     done = _run(_tool("ruff"), "check", ".", "--output-format", "concise")
@@ -36,6 +37,7 @@ def test_ruff_format_is_clean() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.procs
 @pytest.mark.slow
 def test_mypy_strict_is_clean() -> None:
     """mypy --strict accepts the package and the typed usage in tests/typing (the oldest supported Python's view)."""

@@ -376,6 +376,7 @@ def test_bad_arguments() -> None:
         validate(Config(), world_size=0)
 
 
+@pytest.mark.procs
 def test_validate_imports_no_torch() -> None:
     """validate is the config layer: importing and running it loads neither torch nor deepspeed."""
     code = (
