@@ -128,6 +128,23 @@ def takes_batch(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> No
         pass  # no signature to check (a builtin): let the call say
 
 
+def metrics_of(output: Any) -> dict[str, float]:
+    """The numbers beside the loss in a ``loss_fn``'s mapping (scalars: numbers or one-element tensors), as floats."""
+    if not isinstance(output, Mapping):
+        return {}
+    found = {}
+    for name, value in output.items():
+        if name == "loss":
+            continue
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            found[str(name)] = float(value.detach().float())
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            found[str(name)] = float(value)
+        else:
+            raise SessionError(f"loss_fn returned {name!r} beside the loss: a metric is a number or a scalar tensor")
+    return found
+
+
 def loss_of(output: Any) -> Any:
     """The loss in a model's output: ``.loss``, ``["loss"]``, or the output itself when it is a scalar tensor."""
     if isinstance(output, torch.Tensor):
@@ -218,6 +235,9 @@ class StepOutput:
     """Global gradient norm of the optimizer step, at a boundary when DeepSpeed computed one; else ``None``."""
     global_step: int
     """Optimizer steps taken so far (after this micro-batch)."""
+    metrics: Mapping[str, float] = attrs.field(factory=dict)
+    """The numbers other than the loss a ``loss_fn`` returned with it (``{"loss": ..., "rewards/chosen": ...}``), on
+    this process; ``fit`` logs their mean over the step's micro-batches and processes (TRL's metrics)."""
 
 
 def forward_loss(
@@ -225,8 +245,16 @@ def forward_loss(
 ) -> Any:
     """The loss of ``batch`` (already on the engine's device): ``loss_fn(engine, batch)``, else the model's forward on
     the batch (checked against what the forward takes), given ``num_items_in_batch`` when counted."""
+    return forward(engine, batch, model, loss_fn, num_items)[0]
+
+
+def forward(
+    engine: Any, batch: Any, model: Any, loss_fn: Callable[[Any, Any], Any] | None, num_items: int | None = None
+) -> tuple[Any, dict[str, float]]:
+    """``forward_loss``'s loss and the metrics a ``loss_fn`` returned beside it (``metrics_of``)."""
     if loss_fn is not None:
-        return loss_of(loss_fn(engine, batch))
+        output = loss_fn(engine, batch)
+        return loss_of(output), metrics_of(output)
     args, kwargs = forward_arguments(batch)
     if "shift_labels" in kwargs and "labels" not in kwargs:
         # Pre-shifted labels (a sequence-parallel shard's): the HF loss takes them as they are, given labels at all.
@@ -234,7 +262,7 @@ def forward_loss(
     takes_batch(model, args, kwargs)
     if num_items is not None:
         kwargs["num_items_in_batch"] = num_items  # HF's loss: summed over tokens, divided by this count
-    return loss_of(engine(*args, **kwargs))
+    return loss_of(engine(*args, **kwargs)), {}
 
 
 def evaluation_sums(
@@ -286,7 +314,7 @@ def micro_step(
     if boundary is None:
         boundary = (engine.micro_steps + 1) % engine.gradient_accumulation_steps() == 0
     engine.set_gradient_accumulation_boundary(boundary)
-    loss = forward_loss(engine, batch, model, loss_fn, num_items if loss_fn is None else None)
+    loss, metrics = forward(engine, batch, model, loss_fn, num_items if loss_fn is None else None)
     if num_items is None:
         engine.backward(loss)
     else:
@@ -301,4 +329,5 @@ def micro_step(
         lr=lr,
         grad_norm=grad_norm,
         global_step=int(engine.global_steps),
+        metrics=metrics,
     )

@@ -37,11 +37,12 @@ class Persist:
         raise NotImplementedError  # the Session's
 
     @property
-    def run_facts(self) -> manifest.RunFacts:
-        raise NotImplementedError  # the Session's
+    def history_path(self) -> Path | None:
+        """``output_dir/history.jsonl``, or ``None`` without an output directory."""
+        return self.output_dir / history.HISTORY if self.output_dir is not None else None
 
     @property
-    def history_path(self) -> Path | None:
+    def run_facts(self) -> manifest.RunFacts:
         raise NotImplementedError  # the Session's
 
     @property

@@ -19,8 +19,10 @@ from ..resolve.schedule import Schedule, run_steps
 from ..resolve.training import Training
 from . import batches, distributed, loop, parallel
 from .batches import StepOutput, counts
+from .capabilities import Capabilities
 from .engine import Engine
 from .persist import Persist
+from .reference import BuiltFrom
 from .setup import (
     DEFAULT_SEED,
     as_config,
@@ -38,7 +40,7 @@ if TYPE_CHECKING:
 __all__ = ["Session", "SessionError", "StepOutput"]
 
 
-class Session(Persist):
+class Session(Persist, Capabilities):
     """A DeepSpeed training session: the engine (``Engine``), the model it trains, its resolved config, and what a run
     does with them. ``model``: an ``nn.Module``, an HF ``PreTrainedModel`` or a peft model; ``config``: a ``Config``,
     a ds_config dict, a config file or a preset name; ``training``: a ``Training`` or HF ``TrainingArguments``; the
@@ -94,6 +96,8 @@ class Session(Persist):
         """The tag of the checkpoint this session last saved or loaded."""
         self.hooks = loop.Hooks()
         """What a launcher adds to ``fit``: a call after each save, a save or a stop asked for, Ctrl-C's meaning."""
+        self.built_from: BuiltFrom | None = None
+        """What ``from_pretrained`` built the model from (a reference model is built the same way)."""
 
     @classmethod
     def from_pretrained(
@@ -118,7 +122,10 @@ class Session(Persist):
             gradient_checkpointing=gradient_checkpointing, tokenizer=tokenizer,
             hidden_size=session_kwargs.get("hidden_size"), total_steps=session_kwargs.get("total_steps"),
         )  # fmt: skip
-        return cls(model, config, training=training, output_dir=output_dir, tokenizer=tokenizer, **session_kwargs)
+        session = cls(model, config, training=training, output_dir=output_dir, tokenizer=tokenizer, **session_kwargs)
+        seed = session.training.seed if session.training is not None else DEFAULT_SEED
+        session.built_from = BuiltFrom(name_or_path_or_config, dtype, attn_implementation, seed)
+        return session
 
     # -- what a session holds ------------------------------------------------------------------------------------------
 
@@ -178,11 +185,6 @@ class Session(Persist):
     def run_facts(self) -> manifest.RunFacts:
         """What a checkpoint of this run records, and a resume must match (``dsbuild.outputs.manifest.RunFacts``)."""
         return self._engine.run_facts(seed=self.training.seed if self.training else None, data=self.data_fingerprint)
-
-    @property
-    def history_path(self) -> Path | None:
-        """``output_dir/history.jsonl``, or ``None`` without an output directory."""
-        return self.output_dir / history.HISTORY if self.output_dir is not None else None
 
     # -- one micro-batch at a time ---------------------------------------------------------------------------------
 
@@ -429,6 +431,7 @@ def optimizer_step(
     # The group's trained tokens, over every process, weight its loss (HF's num_items_in_batch).
     num_items = session.items_in_step(group) if by_tokens else None
     window = [0.0, 0.0, 0.0]  # loss, samples, tokens of the step on this process
+    metrics: dict[str, float] = {}  # a loss_fn's other numbers, summed over the micro-batches
     out = None
     for i, batch in enumerate(group):
         samples, tokens = counts(batch)
@@ -437,12 +440,17 @@ def optimizer_step(
         out = session._engine.micro_step(batch, loss_fn, num_items, i == len(group) - 1)
         session.position.batch_in_epoch += 1
         window = [window[0] + out.loss, window[1] + samples, window[2] + tokens]
+        metrics = {name: metrics.get(name, 0.0) + value for name, value in out.metrics.items()}
     assert out is not None
     # One collective per step sums the step's numbers and which process was signalled, by what (stop_code).
     noted = [0.0] * session.world_size
     asked = session.hooks.stop_requested() if session.hooks.stop_requested is not None else None
     noted[session.rank] = float(loop.stop_code(stop.check() or asked))
-    loss_sum, samples_sum, tokens_sum, *codes = distributed.all_sum([*window, *noted], engine.device)
+    names = sorted(metrics)  # every process's loss_fn returns the same names
+    summed = distributed.all_sum([*window, *(metrics[n] for n in names), *noted], engine.device)
+    loss_sum, samples_sum, tokens_sum = summed[:3]
+    means = {n: v / (len(group) * session.world_size) for n, v in zip(names, summed[3 : 3 + len(names)], strict=True)}
+    codes = summed[3 + len(names) :]
     signalled = next(((rank, loop.stop_name(int(c))) for rank, c in enumerate(codes) if c), None)
     # A tensor-parallel group's ranks train on the same batch: its numbers count once.
     tp = session.tensor_parallel_size
@@ -458,6 +466,7 @@ def optimizer_step(
         "grad_norm": out.grad_norm,
         "samples_per_sec": samples_sum / elapsed,
         "tokens_per_sec": tokens_sum / elapsed,
+        **means,  # TRL's metrics: each micro-batch's, averaged over the step's micro-batches and processes
     }, signalled
 
 

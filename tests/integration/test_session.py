@@ -18,23 +18,26 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import deepspeed
+import peft
 import pytest
+import torch
+from _session_common import TokenData, batch, tiny_llama
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer, ByT5Tokenizer
+from transformers.integrations import is_deepspeed_zero3_enabled
 
-torch = pytest.importorskip("torch")
-deepspeed = pytest.importorskip("deepspeed")
-transformers = pytest.importorskip("transformers")
-peft = pytest.importorskip("peft")
+from dsbuild import AUTO, Config, SessionError
+from dsbuild.errors import CheckpointError
+from dsbuild.outputs import manifest
+from dsbuild.resolve.training import Training
+from dsbuild.session import Session
 
-from _session_common import TokenData, batch, tiny_llama  # noqa: E402
-from safetensors.torch import load_file  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer, ByT5Tokenizer  # noqa: E402
-from transformers.integrations import is_deepspeed_zero3_enabled  # noqa: E402
-
-from dsbuild import AUTO, Config, SessionError  # noqa: E402
-from dsbuild.errors import CheckpointError  # noqa: E402
-from dsbuild.outputs import manifest  # noqa: E402
-from dsbuild.resolve.training import Training  # noqa: E402
-from dsbuild.session import Session  # noqa: E402
+pytestmark = [
+    pytest.mark.train,
+    pytest.mark.engine,
+    pytest.mark.procs,
+]  # the training extra; tests/conftest.py skips it without
 
 ROOT = Path(__file__).resolve().parents[2]
 LORA = {"r": 4, "lora_alpha": 8, "lora_dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
@@ -364,3 +367,22 @@ def test_two_processes_under_torchrun(tmp_path: Path) -> None:
         "generation_config.json",
         "model.safetensors",
     ]
+
+
+@pytest.mark.engine
+def test_numbers_a_loss_fn_returns_beside_the_loss_are_logged_with_each_step() -> None:
+    """A loss_fn returning {"loss": ..., "rewards/chosen": ...} (TRL's metrics) trains on the loss and logs each other
+    number with the step, averaged over the step's micro-batches; something else beside the loss is refused."""
+    s = Session.from_pretrained(tiny_llama(), Config.zero(0).adamw(lr=1e-2).batch(micro=2, grad_accum=2))
+    calls = []
+
+    def loss_fn(engine: Any, b: dict[str, Any]) -> dict[str, Any]:
+        calls.append(len(calls))
+        return {"loss": engine(**b).loss, "rewards/chosen": torch.tensor(float(len(calls))), "count": 1}
+
+    records = s.fit(TokenData(8), max_steps=2, loss_fn=loss_fn)
+    steps = [r for r in records if "loss" in r]
+    assert [r["rewards/chosen"] for r in steps] == [1.5, 3.5]  # (1 + 2) / 2, (3 + 4) / 2
+    assert [r["count"] for r in steps] == [1.0, 1.0]
+    with pytest.raises(SessionError, match="'text' beside the loss"):
+        s.step(batch(), loss_fn=lambda engine, b: {"loss": engine(**b).loss, "text": "no"})

@@ -154,6 +154,7 @@ def test_no_private_name_crosses_a_module() -> None:
     assert not crossing
 
 
+@pytest.mark.procs
 def test_the_config_layers_import_nothing_heavy() -> None:
     """Every module below the Session imports none of torch, deepspeed, transformers, peft, datasets, matplotlib."""
     light = sorted(m for m in MODULES if layer_of(m) < layer_of("dsbuild.session") and m != "dsbuild.__main__")
@@ -164,3 +165,16 @@ def test_the_config_layers_import_nothing_heavy() -> None:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+
+
+def test_the_walks_of_one_change_name_what_is_there() -> None:
+    """docs/architecture.md's two walks (a job key, a Session capability) name files that exist and classes and
+    tables (`LaunchSpec`, `READERS`) that dsbuild defines: a rename that breaks the walk fails here."""
+    walks = ARCHITECTURE.read_text(encoding="utf-8").split("## Making one change", 1)[1]
+    paths = set(re.findall(r"`((?:dsbuild|tests|docs)/[\w/.]+)`", walks))
+    assert len(paths) >= 12
+    root = PACKAGE.parent
+    assert sorted(p for p in paths if not (root / p).exists()) == []
+    sources = "\n".join(p.read_text(encoding="utf-8") for p in PACKAGE.rglob("*.py"))
+    names = set(re.findall(r"`([A-Z][A-Za-z]+)`", walks))
+    assert sorted(n for n in names if not re.search(rf"^(class {n}\b|{n}\b.*=)", sources, re.M)) == []
