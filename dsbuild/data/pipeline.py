@@ -165,6 +165,10 @@ def _check(source: Source, spec: DataSpec, key: str, vocab_size: int | None = No
 
 def check(spec: DataSpec, *, cache_dir: str | None = None, vocab_size: int | None = None) -> None:
     """Every record of the job's training and evaluation data checked, without a tokenizer (see ``load``)."""
+    if spec.format == "preference":
+        from .preference import check_data
+
+        return check_data(spec)
     require("reading a job's data", "datasets")
     train, evaluation = _sources(spec, cache_dir)
     _check(train, spec, "data.path", vocab_size)
@@ -337,6 +341,11 @@ def load(
     Raises ``ConfigError`` for a bad record (named by file and line) and for data of which no sample has a token to
     train on (with the lengths it saw).
     """
+    if (isinstance(spec, Job) and spec.task == "dpo") or (isinstance(spec, DataSpec) and spec.format == "preference"):
+        from .preference import load_data
+
+        pairs = load_data(spec.data, tokenizer, spec.dpo) if isinstance(spec, Job) else load_data(spec, tokenizer)
+        return Datasets(*pairs)
     if isinstance(spec, Job):
         seed = spec.training.seed if seed is None else seed
         spec = spec.data

@@ -18,7 +18,7 @@ import attrs
 
 from .._util.suggest import did_you_mean
 from ..config.fields import Spec, check_value, coerce, describe
-from ..errors import Problem
+from ..errors import ConfigError, Problem
 from .spec import Key, job_keys, table_keys
 
 __all__ = ["ABSENT", "BAD", "Check", "Collector", "Reader"]
@@ -152,7 +152,11 @@ class Collector:
             check(self, values, path, table)
         if len(self.problems) > before:
             return None
-        return cls(**values, **derived)
+        try:
+            return cls(**values, **derived)
+        except ConfigError as e:  # what the class refuses of its keys together (DPOSpec: TRL's rules)
+            self.problems.extend(e.problems)
+            return None
 
 
 def _spellings(collector: Collector, table: Mapping[str, Any], name: str, key: Key, path: str) -> str | None:

@@ -19,7 +19,8 @@ from ..resolve.schedule import job_steps
 from ..resolve.training import Training
 from ..validate import Diagnostic, validate
 from .reader import read_job, read_job_dict
-from .spec import DataSpec, LaunchSpec, ModelSpec, StrategySpec
+from .rl import DPOSpec
+from .spec import DataSpec, LaunchSpec, ModelSpec, ReferenceSpec, StrategySpec
 
 __all__ = ["Job", "demo_job_path", "load_job"]
 
@@ -44,6 +45,13 @@ class Job:
     """The job file, or ``None`` for a job built from a table."""
     description: str | None = None
     """The file's one-line ``description``."""
+    task: str = "sft"
+    """What the job trains: ``"sft"`` (TRL's SFTTrainer's) or ``"dpo"`` (TRL's DPOTrainer's: ``reference`` and
+    ``dpo`` are read)."""
+    reference: ReferenceSpec | None = None
+    """``[reference]`` of a DPO job."""
+    dpo: DPOSpec | None = None
+    """``[dpo]`` of a DPO job."""
 
     @classmethod
     def from_dict(

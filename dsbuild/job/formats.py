@@ -29,8 +29,8 @@ __all__ = [
     "template_problems",
 ]
 
-FORMATS: Final = ("alpaca", "messages", "prompt_completion", "sharegpt", "text", "tokenized")
-"""The ``[data] format`` values a job understands."""
+FORMATS: Final = ("alpaca", "messages", "prompt_completion", "sharegpt", "text", "tokenized", "preference")
+"""The ``[data] format`` values a job understands (``"preference"``: the pairs of ``task = "dpo"``)."""
 
 CHAT_FORMATS: Final = ("messages", "sharegpt")
 """Formats of conversations, rendered with a chat template; the loss is on the assistant's turns."""
@@ -51,6 +51,7 @@ FIELDS: Final = {
     "sharegpt": ("conversations", "from", "value"),
     "prompt_completion": ("prompt", "completion"),
     "tokenized": ("input_ids", "labels", "completion_mask", "attention_mask"),
+    "preference": ("prompt", "chosen", "rejected"),
 }
 """The fields each format reads, by their usual names; ``[data.columns]`` gives a file's own names for them."""
 

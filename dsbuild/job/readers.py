@@ -34,6 +34,7 @@ from .formats import (
     is_hub_id,
     template_problems,
 )
+from .rl import DPOSpec, loss_weights_problem
 from .spec import (
     ALSO_READ,
     ATTN_IMPLEMENTATIONS,
@@ -44,6 +45,7 @@ from .spec import (
     LaunchSpec,
     LoraSpec,
     ModelSpec,
+    ReferenceSpec,
     StrategySpec,
 )
 
@@ -347,7 +349,42 @@ def launch_checks(c: Collector, values: dict[str, Any], path: str, table: Mappin
                   "list one device per process, or leave nproc_per_node out")  # fmt: skip
 
 
+def reference_checks(c: Collector, values: dict[str, Any], path: str, table: Mapping[str, Any]) -> None:
+    """A reference's path, local (made absolute) or a hub id; precompute with offload has nothing to offload."""
+    if values.get("path") is not None:
+        values["path"] = local_or_hub(c, values["path"])
+    if values.get("precompute") and values.get("offload"):
+        c.problem(f"{path}.offload", "precompute = true keeps no reference model to offload", "drop one of them")
+
+
+def loss_weights(c: Collector, value: Any, path: str, _: Mapping[str, Any]) -> Any:
+    """``dpo.loss_weights``: one number per loss type (TRL's), or left out."""
+    if value is ABSENT:
+        return ABSENT
+    problem = loss_weights_problem(path, value)
+    if problem is not None:
+        c.problems.append(problem)
+        return ABSENT
+    return value
+
+
+JOB_REFUSES: Final = {
+    "use_weighting": "WPO's weighting is not built into dsbuild train (dsbuild.rl.dpo_loss takes no weights)",
+    "sync_ref_model": "TR-DPO's reference sync is not built into dsbuild train",
+    "precompute_ref_log_probs": "a job's reference is [reference]'s: set reference.precompute = true",
+}
+"""``DPOConfig`` options a DPO job refuses when on, and why."""
+
+
+def dpo_checks(c: Collector, values: dict[str, Any], path: str, table: Mapping[str, Any]) -> None:
+    """What ``dsbuild train`` does not run of TRL's options, refused when on."""
+    for key, why in JOB_REFUSES.items():
+        if values.get(key):
+            c.problem(f"{path}.{key}", why)
+
+
 READERS: Final[dict[tuple[type, str], Reader]] = {
+    (DPOSpec, "loss_weights"): loss_weights,
     (ModelSpec, "config"): model_config,
     (ModelSpec, "attn_implementation"): attn_implementation,
     (ModelSpec, "lora"): lora,
@@ -369,5 +406,7 @@ CHECKS: Final[dict[type, tuple[Check, ...]]] = {
     DataSpec: (data_checks,),
     StrategySpec: (strategy_checks,),
     LaunchSpec: (launch_checks,),
+    ReferenceSpec: (reference_checks,),
+    DPOSpec: (dpo_checks,),
 }
 """Each table's checks of its keys together, in order."""

@@ -17,11 +17,15 @@ from .._util.docstrings import attribute_docs, one_line
 from ..io.schema import DIALECT, json_schema, value_schema
 from ..resolve.training import Training
 from ..version import VERSION
-from .spec import ALSO_READ, DataSpec, LaunchSpec, LoraSpec, ModelSpec, StrategySpec, job_keys
+from .rl import DPOSpec
+from .spec import ALSO_READ, TASKS, DataSpec, LaunchSpec, LoraSpec, ModelSpec, ReferenceSpec, StrategySpec, job_keys
 
 __all__ = ["job_schema"]
 
-_TABLES: dict[str, type] = {"model": ModelSpec, "data": DataSpec, "strategy": StrategySpec, "launch": LaunchSpec}
+_TABLES: dict[str, type] = {
+    "model": ModelSpec, "data": DataSpec, "strategy": StrategySpec, "launch": LaunchSpec,
+    "reference": ReferenceSpec, "dpo": DPOSpec,
+}  # fmt: skip
 _REQUIRED: dict[type, list[str]] = {DataSpec: ["path", "format"], StrategySpec: ["config"]}
 
 
@@ -34,6 +38,12 @@ def job_schema() -> dict[str, Any]:
     defs["job.model.lora"] = _table(LoraSpec)
     properties: dict[str, Any] = {
         "description": {"type": "string", "description": "A one-line description of the job."},
+        "task": {
+            "enum": list(TASKS),
+            "default": "sft",
+            "description": 'What the job trains: "sft" (TRL\'s '
+            'SFTTrainer) or "dpo" (TRL\'s DPOTrainer: [reference] and [dpo] are read).',
+        },
         "training": _training(),
     }
     for name, cls in _TABLES.items():
@@ -47,7 +57,8 @@ def job_schema() -> dict[str, Any]:
         "(rules between keys, and the files it names, are `dsbuild validate`'s).",
         "type": "object",
         "properties": {
-            key: properties[key] for key in ("description", "model", "data", "training", "strategy", "launch")
+            key: properties[key]
+            for key in ("description", "task", "model", "data", "training", "strategy", "launch", "reference", "dpo")
         },
         "required": ["model", "data", "training", "strategy"],
         "additionalProperties": False,

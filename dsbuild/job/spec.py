@@ -28,11 +28,14 @@ __all__ = [
     "DTYPES",
     "JOB_TABLES",
     "STRATEGIES",
+    "TASKS",
+    "TASK_TABLES",
     "DataSpec",
     "Key",
     "LaunchSpec",
     "LoraSpec",
     "ModelSpec",
+    "ReferenceSpec",
     "StrategySpec",
     "job_keys",
     "table_keys",
@@ -40,6 +43,13 @@ __all__ = [
 
 JOB_TABLES: Final = ("model", "data", "training", "strategy", "launch")
 """The top-level tables of a job file; a file with any of them is a job, not a ds_config."""
+
+TASK_TABLES: Final = {"dpo": ("reference", "dpo")}
+"""The tables a task adds to a job (``task = "dpo"``: ``[reference]`` and ``[dpo]``), read only for that task."""
+
+TASKS: Final = ("sft", *TASK_TABLES)
+"""What a job trains (``task``): ``"sft"`` (the default: a causal LM on its data, as TRL's SFTTrainer) or ``"dpo"``
+(preference pairs, as TRL's DPOTrainer)."""
 
 
 STRATEGIES: Final = ("deepspeed_train",)
@@ -364,6 +374,20 @@ class LaunchSpec:
         mine = self.device_mapping[node_rank * self.nproc_per_node : (node_rank + 1) * self.nproc_per_node]
         per_node = self.gpus_per_node or gpus_per_node
         return tuple(d % per_node for d in mine) if per_node else mine
+
+
+@attrs.frozen
+class ReferenceSpec:
+    """``[reference]`` (``task = "dpo"``): the frozen model the policy is scored against (``Session.reference``)."""
+
+    path: str | None = _key(None, _typed("str"))
+    """A local model directory (absolute once read) or a hub id; default: what the policy starts from (a LoRA
+    policy: its own weights with the adapters disabled)."""
+    offload: bool = _key(False, _typed("bool"))
+    """Its parameters in CPU memory between uses (ZeRO stage 3 only: ``Config.for_inference(offload=True)``)."""
+    precompute: bool = _key(False, _typed("bool"))
+    """TRL's ``precompute_ref_log_probs``: the reference scores every pair once before training (again at each start,
+    a resume included: the reference is fixed) and the loss reads those values."""
 
 
 ALSO_READ: Final[dict[type, dict[str, Key]]] = {

@@ -270,13 +270,42 @@ def prepare(job: Job, data: Datasets | None = None) -> Prepared:
         infer_batch_size=job.launch.infer_batch_size,
         data_fingerprint=data_fingerprint(job),
     )
-    collate_fn = functools.partial(
+    collate_fn: Callable[[list[Any]], Any] = functools.partial(
         collate,
         pad_token_id=pad or 0,
         padding_free=job.data.padding_free,
         pad_to_multiple_of=session.sequence_parallel_size,  # each sequence cut into that many shards
     )
+    if job.task == "dpo":
+        assert job.dpo is not None
+        from ..data.preference import collate_pairs
+
+        collate_fn = functools.partial(collate_pairs, pad_token_id=pad or 0, max_length=job.dpo.max_length,
+                                       truncation_mode=job.dpo.truncation_mode)  # fmt: skip
     return Prepared(session, train, evaluation, collate_fn, total, note)
+
+
+def dpo_parts(job: Job, ready: Prepared, say: Callable[[str], None]) -> tuple[Prepared, Any]:
+    """A DPO job's ``loss_fn``, its reference built beside the policy (``[reference]``); with ``precompute`` every
+    pair scored by the reference first (then the pairs carry their reference log-probs and no reference is kept)."""
+    from ..rl.dpo import dpo_loss_fn, precompute_reference
+
+    assert job.reference is not None and job.dpo is not None
+    session = ready.session
+    reference = session.reference(
+        job.reference.path, offload=job.reference.offload, disable_dropout=job.dpo.disable_dropout
+    )
+    if not job.reference.precompute:
+        return ready, dpo_loss_fn(session, reference, job.dpo)
+    say(f"scoring {len(ready.train)} pairs under the reference (reference.precompute)")
+    size = job.dpo.precompute_ref_batch_size or session.infer_batch_size
+    train = precompute_reference(reference, ready.train, ready.collate_fn, size, job.dpo)
+    evaluation = (
+        precompute_reference(reference, ready.evaluation, ready.collate_fn, size, job.dpo)
+        if ready.evaluation is not None else None
+    )  # fmt: skip
+    del reference
+    return attrs.evolve(ready, train=train, evaluation=evaluation), dpo_loss_fn(session, None, job.dpo)
 
 
 def _run(
@@ -342,7 +371,11 @@ def _run(
     eval_steps = steps_between(training.eval_steps, ready.total_steps) if training.eval_steps else None
     by_steps = ready.evaluation is not None and training.eval_strategy != "epoch"  # "epoch": fit evaluates at each end
     eval_every = (eval_steps or save_every or None) if by_steps else None
-    session.fit(ready.train, eval_data=ready.evaluation, eval_every=eval_every, collate_fn=ready.collate_fn)
+    loss_fn = None
+    if job.task == "dpo":
+        ready, loss_fn = dpo_parts(job, ready, say)
+    session.fit(ready.train, eval_data=ready.evaluation, eval_every=eval_every, collate_fn=ready.collate_fn,
+                loss_fn=loss_fn)  # fmt: skip
     lora = job.model.lora
     session.save_model(merge_lora=lora is not None and lora.merge)  # HF format, or the LoRA adapters; collective
 

@@ -14,6 +14,8 @@ import pytest
 
 from dsbuild import Config, load_job
 
+pytestmark = pytest.mark.procs
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 
@@ -37,7 +39,9 @@ def test_every_example_is_covered() -> None:
     assert sorted(p.name for p in EXAMPLES.iterdir() if p.is_file()) == [
         "build_config.py",
         "custom_loop.py",
+        "dpo_loop.py",
         "hf_trainer.py",
+        "job_dpo.toml",
         "job_lora_zero3.toml",
         "lightning_snippet.py",
     ]
@@ -59,6 +63,14 @@ def test_custom_loop(tmp_path: Path) -> None:
     done = example("custom_loop.py", "--steps", "4", "--out", str(tmp_path / "loop"), cwd=tmp_path)
     assert "resumed losses equal to the uninterrupted run's: True" in done.stdout
     assert "trained LoRA B matrices loaded with peft" in done.stdout
+
+
+@pytest.mark.slow
+def test_dpo_loop(tmp_path: Path) -> None:
+    """DPO in your own loop at ZeRO-3: a reference, log-probs, TRL's loss; step 1 starts at the reference (log 2)."""
+    done = example("dpo_loop.py", "--steps", "2", "--out", str(tmp_path / "dpo"), cwd=tmp_path)
+    assert "step 1 starts at the reference: loss log 2 = 0.6931, got 0.6931" in done.stdout
+    assert len(json.loads((tmp_path / "dpo" / "dpo_history.json").read_text())) == 2
 
 
 @pytest.mark.slow
@@ -116,6 +128,25 @@ def test_lightning_snippet_strategy() -> None:
     snippet = runpy.run_path(str(EXAMPLES / "lightning_snippet.py"), run_name="example")
     strategy = DeepSpeedStrategy(config=snippet["lightning_config"](2))
     assert strategy.config["zero_optimization"]["stage"] == 2
+
+
+@pytest.mark.train
+def test_dpo_job_file_trains(tmp_path: Path) -> None:
+    """The DPO job: valid, and dsbuild train runs its 3 steps from the reference (step 1's loss log 2, TRL's metrics
+    in the history)."""
+    job = load_job(EXAMPLES / "job_dpo.toml")
+    assert job.task == "dpo" and job.dpo is not None and job.reference is not None and job.validate() == []
+    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "dsbuild", "train", str(EXAMPLES / "job_dpo.toml"), f"--set=training.output_dir='{out}'"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "loss" in r]
+    assert len(steps) == 3 and abs(steps[0]["loss"] - 0.6931472) < 1e-6 and "rewards/margins" in steps[0]
+    assert (out / "model" / "config.json").is_file()
 
 
 def test_lora_job_file_is_valid() -> None:

@@ -91,6 +91,7 @@ def test_demo_data_is_what_make_data_writes(tmp_path: Path) -> None:
     assert len(train) == 480 and len(evaluation) == 64 and not train & evaluation
 
 
+@pytest.mark.procs
 def test_reading_a_job_imports_nothing_heavy() -> None:
     """load_job, validate and resolve stay instant: no torch, deepspeed, transformers or peft."""
     code = (
@@ -150,7 +151,7 @@ def test_every_problem_of_a_job_is_reported_at_once(tmp_path: Path) -> None:
         "model.lora.dropout: got 1.5, expected a number >= 0 and < 1",
         "model.config.vocab_size: got 256, expected at least 384 for the byte tokenizer (set vocab_size = 384)",
         f"data.path: no such file: {str(tmp_path / 'missing.jsonl')!r} (the training records, relative to the job file)",
-        "data.format: got 'csv', expected one of 'alpaca', 'messages', 'prompt_completion', 'sharegpt', 'text', 'tokenized'",
+        "data.format: got 'csv', expected one of 'alpaca', 'messages', 'prompt_completion', 'sharegpt', 'text', 'tokenized', 'preference'",
         "training.learning_rate: got 'fast', expected a number >= 0",
         "training.eval_steps: got -1, expected a number > 0",
         "strategy.name: got 'megatron_train', expected 'deepspeed_train' (the only strategy dsbuild runs)",
@@ -184,7 +185,7 @@ def job_text(top: str = "", **tables: str | None) -> str:
           "training: missing: a job needs a [training] table", "strategy: missing: a job needs a [strategy] table",
           "model.name_or_path: missing: give a model directory or hub id, or a [model.config] table with model_type",
           "data.path: missing: the training records (a data file or folder, or a hub dataset id)",
-          "data.format: missing: one of 'alpaca', 'messages', 'prompt_completion', 'sharegpt', 'text', 'tokenized'",
+          "data.format: missing: one of 'alpaca', 'messages', 'prompt_completion', 'sharegpt', 'text', 'tokenized', 'preference'",
           'strategy.config: missing: a preset name (e.g. "zero3"), a config file, or a table of ds_config keys']),
         (job_text("model = 3", model=None), ["model: got 3, expected a table"]),
         (job_text(model="[model.config]\nhidden_size = 64"),
@@ -609,3 +610,81 @@ def test_launch_backend_and_rays_options(tmp_path: Path) -> None:
         "launch.backend: got 'slurm', expected one of 'torchrun', 'ray'",
         "launch.max_failures: got -2, expected an integer >= -1",
     ]
+
+
+# -- task = "dpo" ----------------------------------------------------------------------------------------------------
+
+DPO = """
+    task = "dpo"
+    [model]
+    name_or_path = "org/model"
+    [data]
+    path = "pairs.jsonl"
+    format = "preference"
+    [training]
+    [strategy]
+    config = "zero3"
+"""
+
+
+def write_pairs(tmp_path: Path) -> None:
+    (tmp_path / "pairs.jsonl").write_text('{"prompt": "a", "chosen": " b", "rejected": " c"}\n' * 4, encoding="utf-8")
+
+
+def test_a_dpo_job_reads_its_tables_with_trls_defaults(tmp_path: Path) -> None:
+    """``task = "dpo"`` reads ``[reference]`` and ``[dpo]`` (TRL's DPOConfig names and defaults when left out); an
+    SFT job has neither, and the steps count the pairs."""
+    write_pairs(tmp_path)
+    job = load_job(write_job(tmp_path, DPO + "    [reference]\n    precompute = true\n    [dpo]\n    beta = 0.5\n"))
+    assert job.task == "dpo" and job.reference is not None and job.dpo is not None
+    assert job.reference.precompute and job.reference.path is None
+    assert (job.dpo.beta, job.dpo.loss_type, job.dpo.max_length) == (0.5, ("sigmoid",), 1024)
+    assert job.total_steps() == 3  # 4 pairs: one step an epoch (8 per device by default), 3 epochs (HF default)
+    defaults = load_job(write_job(tmp_path, DPO, "defaults.toml"))
+    assert defaults.dpo is not None and defaults.dpo.beta == 0.1 and defaults.reference is not None
+    sft = load_job(write_job(tmp_path, MINIMAL, "sft.toml"))
+    assert (sft.task, sft.reference, sft.dpo) == ("sft", None, None)
+
+
+def test_every_problem_of_a_dpo_job_is_reported_at_once(tmp_path: Path) -> None:
+    """Bad [dpo] values, TRL's rules between them, what dsbuild train does not run, [data] keys DPO does not read, a
+    reference that cannot be both precomputed and offloaded: one error, each under its dotted key."""
+    write_pairs(tmp_path)
+    text = (
+        DPO.replace('format = "preference"', 'format = "preference"\n    max_length = 64')
+        + """
+    [reference]
+    precompute = true
+    offload = true
+    [dpo]
+    beta = -1
+    loss_type = ["sigmoid", "nope"]
+    use_weighting = true
+    """
+    )
+    found = problems(write_job(tmp_path, text))
+    assert any(p.startswith('data.max_length: not read for task = "dpo"') for p in found), found
+    assert any(p.startswith("reference.offload:") for p in found), found
+    assert any(p.startswith("dpo.beta:") for p in found), found
+    assert any(p.startswith("dpo.loss_type:") and "nope" in p for p in found), found
+    assert any(p.startswith("dpo.use_weighting:") for p in found), found
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (MINIMAL + "    [dpo]\n    beta = 0.2\n", "dpo: [dpo] is read by task = 'dpo'; this job's task is 'sft'"),
+        (MINIMAL.replace("[model]", 'task = "ppo"\n    [model]'), "task: got 'ppo', expected one of 'sft', 'dpo'"),
+        (MINIMAL.replace('format = "alpaca"', 'format = "preference"'), "data.format: got 'preference' for task"),
+        (DPO.replace('format = "preference"', 'format = "alpaca"'), "data.format: got 'alpaca' for task = 'dpo'"),
+        (DPO.replace('path = "pairs.jsonl"', 'path = "org/pairs"'), "data.path: org/pairs: a DPO job reads a local"),
+        (DPO + "    [dpo]\n    loss_type = ['sigmoid', 'ipo']\n    loss_weights = [1.0]\n",
+         "dpo.loss_weights: got 1 weights for 2 loss types"),
+        (DPO + "    [dpo]\n    sync_ref_model = true\n", "dpo.sync_ref_model: TR-DPO's reference sync is not built"),
+    ],
+)  # fmt: skip
+def test_bad_dpo_jobs_name_the_key(tmp_path: Path, text: str, expected: str) -> None:
+    """Each mistake of a DPO job (or an SFT job with DPO's parts) is named by its key."""
+    write_pairs(tmp_path)
+    found = problems(write_job(tmp_path, text))
+    assert any(p.startswith(expected) for p in found), found

@@ -1,0 +1,237 @@
+"""Preference data for DPO, as TRL 1.16's ``DPOTrainer`` prepares it: records checked, tokenized and collated.
+
+A record (TRL's preference format) has ``chosen`` and ``rejected`` and, usually, ``prompt``: all three strings
+(standard) or all three lists of ``{"role", "content"}`` messages (conversational). Without ``prompt`` the prompt is
+implicit: the common start of ``chosen`` and ``rejected``, cut as TRL's ``extract_prompt`` cuts it.
+
+Tokenizing (``tokenize_pair``, TRL's ``_prepare_dataset``): a standard record's completions end with the tokenizer's EOS
+(added when missing); a conversational one is rendered with the chat template (the prompt with the generation
+prompt). The prompt's tokens are those ``prompt`` and ``prompt + chosen`` / ``prompt + rejected`` share
+(``common_prefix_length``), the rest is each completion. With ``truncation_mode = "keep_start"`` a pair whose prompt
+alone fills ``max_length`` is dropped (nothing of the completions would be left to learn from).
+
+Collating (``collate_pairs``, TRL's ``DataCollatorForPreference``): the batch is ``[chosen rows; rejected rows]``,
+``prompt + completion`` each, truncated to ``max_length`` by ``truncation_mode``, right-padded, with an
+``attention_mask`` and a ``completion_mask``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from ..errors import ConfigError, Problem
+from ..job.formats import FIELDS as FORMAT_FIELDS
+from ..job.rl import TRUNCATION_MODES, DPOSpec
+from .records import NOTHING_TO_LEARN, Checker, Record, iter_records
+
+if TYPE_CHECKING:
+    from ..job.spec import DataSpec
+
+__all__ = [
+    "FIELDS",
+    "check_data",
+    "check_pair",
+    "collate_pairs",
+    "extract_prompt",
+    "load_data",
+    "read_pairs",
+    "tokenize_pair",
+    "tokenize_pairs",
+]
+
+FIELDS: Final = FORMAT_FIELDS["preference"]
+
+
+def _messages(value: Any, field: str) -> str | None:
+    """What is wrong with a list of chat messages, or ``None``."""
+    for i, message in enumerate(value):
+        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
+            return f"{field}[{i}] is not a message with a role and a content"
+        if not isinstance(message.get("content"), str):
+            return f"{field}[{i}].content is {type(message.get('content')).__name__}, expected a string"
+    return None
+
+
+def check_pair(record: Any) -> tuple[Record | None, str | None]:
+    """A preference record in TRL's shape (``prompt`` left out when implicit), or ``None`` and what is wrong."""
+    if not isinstance(record, Mapping):
+        return None, f"is {type(record).__name__}, expected an object with chosen and rejected"
+    missing = [name for name in ("chosen", "rejected") if name not in record]
+    if missing:
+        return None, f"has no {' and no '.join(missing)} (a preference record: prompt, chosen, rejected)"
+    present = [name for name in FIELDS if name in record]
+    kinds = {name: "text" if isinstance(record[name], str) else "messages" for name in present}
+    for name in present:
+        value = record[name]
+        if not isinstance(value, (str, list)):
+            return None, f"{name} is {type(value).__name__}, expected a string or a list of messages"
+        if isinstance(value, list) and (problem := _messages(value, name)) is not None:
+            return None, problem
+    if len(set(kinds.values())) > 1:
+        return None, "mixes text and messages: prompt, chosen and rejected are all strings or all lists of messages"
+    if not record["chosen"] or not record["rejected"]:
+        return None, f"chosen or rejected is empty {NOTHING_TO_LEARN}"
+    return {name: record[name] for name in present}, None
+
+
+def read_pairs(path: str | Path) -> list[Record]:
+    """The checked preference records of a JSON array or JSON Lines file; every bad one reported at once."""
+    checker = Checker("preference")
+    records: list[Record] = []
+    wheres: list[str] = []
+    for where, record in iter_records(Path(path)):
+        wheres.append(where)
+        checked, problem = check_pair(record)
+        checker.add(problem)
+        if checked is not None:
+            records.append(checked)
+    checker.raise_if_bad(str(path), wheres.__getitem__)
+    return records
+
+
+def extract_prompt(record: Mapping[str, Any]) -> Record:
+    """TRL's ``extract_prompt``, exactly: the prompt is where ``chosen`` and ``rejected`` first differ (one character
+    or message back when a space precedes it; as TRL's loop, the last index compared when one is a prefix of the
+    other)."""
+    chosen, rejected = record["chosen"], record["rejected"]
+    idx = 0
+    for idx in range(min(len(chosen), len(rejected))):
+        if chosen[idx] != rejected[idx]:
+            if chosen[idx - 1] == " ":
+                idx -= 1
+            break
+    return {"prompt": chosen[:idx], "chosen": chosen[idx:], "rejected": rejected[idx:]}
+
+
+def _ids(tokenizer: Any, value: str | list[Any], **template: Any) -> list[int]:
+    """TRL's ``_tokenize``: a chat template for messages, the tokenizer's call for text."""
+    if isinstance(value, list):
+        return list(tokenizer.apply_chat_template(value, tokenize=True, return_dict=True, **template)["input_ids"])
+    return list(tokenizer(text=value)["input_ids"])
+
+
+def _shared(a: Sequence[int], b: Sequence[int]) -> int:
+    length = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        length += 1
+    return length
+
+
+def tokenize_pair(record: Mapping[str, Any], tokenizer: Any, chat_template: str | None = None) -> dict[str, list[int]]:
+    """``prompt_ids``, ``chosen_ids`` and ``rejected_ids`` of one checked record, as TRL tokenizes it (module
+    docstring)."""
+    pair = dict(record) if "prompt" in record else extract_prompt(record)
+    template = {"chat_template": chat_template} if chat_template is not None else {}
+    if isinstance(pair["chosen"], list):
+        prompt = _ids(tokenizer, pair["prompt"], add_generation_prompt=True, **template)
+        chosen = _ids(tokenizer, pair["prompt"] + pair["chosen"], **template)
+        rejected = _ids(tokenizer, pair["prompt"] + pair["rejected"], **template)
+    else:
+        eos = tokenizer.eos_token
+        ends = {name: pair[name] if pair[name].endswith(eos) else pair[name] + eos for name in ("chosen", "rejected")}
+        prompt = _ids(tokenizer, pair["prompt"])
+        chosen = _ids(tokenizer, pair["prompt"] + ends["chosen"])
+        rejected = _ids(tokenizer, pair["prompt"] + ends["rejected"])
+    cut = min(_shared(prompt, chosen), _shared(prompt, rejected))
+    return {"prompt_ids": prompt[:cut], "chosen_ids": chosen[cut:], "rejected_ids": rejected[cut:]}
+
+
+def tokenize_pairs(
+    records: Sequence[Mapping[str, Any]],
+    tokenizer: Any,
+    *,
+    max_length: int | None,
+    truncation_mode: str = "keep_start",
+    chat_template: str | None = None,
+) -> tuple[list[dict[str, list[int]]], int]:
+    """Every record tokenized (``tokenize_pair``) and how many were dropped: with ``keep_start``, those whose prompt
+    alone fills ``max_length``."""
+    if truncation_mode not in TRUNCATION_MODES:
+        raise ConfigError(
+            Problem("dpo.truncation_mode", f"got {truncation_mode!r}, expected 'keep_start' or 'keep_end'")
+        )
+    with warnings.catch_warnings():  # ByT5's "already has </s>": TRL's own texts end with EOS the same way
+        warnings.filterwarnings("ignore", message="This sequence already has", category=UserWarning)
+        pairs = [tokenize_pair(record, tokenizer, chat_template) for record in records]
+    if max_length is None or truncation_mode != "keep_start":
+        return pairs, 0
+    kept = [pair for pair in pairs if len(pair["prompt_ids"]) < max_length]
+    return kept, len(pairs) - len(kept)
+
+
+def collate_pairs(
+    examples: Sequence[Mapping[str, Any]],
+    *,
+    pad_token_id: int,
+    max_length: int | None = None,
+    truncation_mode: str = "keep_start",
+    pad_to_multiple_of: int | None = None,
+) -> dict[str, Any]:
+    """TRL's ``DataCollatorForPreference``: ``input_ids``, ``attention_mask`` and ``completion_mask`` of
+    ``[chosen rows; rejected rows]``, each truncated to ``max_length`` and right-padded; the reference's
+    ``ref_chosen_logps`` / ``ref_rejected_logps`` carried when the examples have them (precomputed)."""
+    import torch
+
+    rows = [e["prompt_ids"] + e["chosen_ids"] for e in examples] + [
+        e["prompt_ids"] + e["rejected_ids"] for e in examples
+    ]
+    masks = [[0] * len(e["prompt_ids"]) + [1] * len(e["chosen_ids"]) for e in examples] + [
+        [0] * len(e["prompt_ids"]) + [1] * len(e["rejected_ids"]) for e in examples
+    ]
+    if max_length is not None:
+        cut = slice(None, max_length) if truncation_mode == "keep_start" else slice(-max_length, None)
+        rows, masks = [r[cut] for r in rows], [m[cut] for m in masks]
+    width = max(len(r) for r in rows)
+    if pad_to_multiple_of:
+        width = -(-width // pad_to_multiple_of) * pad_to_multiple_of
+    out = {
+        "input_ids": torch.tensor([r + [pad_token_id] * (width - len(r)) for r in rows]),
+        "attention_mask": torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows]),
+        "completion_mask": torch.tensor([m + [0] * (width - len(m)) for m in masks]),
+    }
+    for name in ("ref_chosen_logps", "ref_rejected_logps"):
+        if name in examples[0]:
+            out[name] = torch.tensor([e[name] for e in examples])
+    return out
+
+
+# -- a job's pairs --------------------------------------------------------------------------------------------------
+
+
+def check_data(spec: DataSpec) -> None:
+    """Every pair of a DPO job's training and evaluation files checked (``read_pairs``); one error per file."""
+    read_pairs(spec.path)
+    if spec.eval_path is not None:
+        read_pairs(spec.eval_path)
+
+
+Pairs = list[dict[str, list[int]]]
+
+
+def load_data(spec: DataSpec, tokenizer: Any, dpo: DPOSpec | None = None) -> tuple[Pairs, Pairs | None, str]:
+    """A DPO job's training and evaluation pairs checked and tokenized as TRL's ``DPOTrainer`` prepares them
+    (``dpo``'s ``max_length`` and ``truncation_mode``; default TRL's), and a note of how many pairs a too-long prompt
+    dropped (``""``: none)."""
+    dpo = dpo or DPOSpec()
+    notes: list[str] = []
+
+    def tokenized(path: str | Path, key: str, what: str) -> list[dict[str, list[int]]]:
+        records = read_pairs(path)
+        pairs, dropped = tokenize_pairs(records, tokenizer, max_length=dpo.max_length,
+                                        truncation_mode=dpo.truncation_mode, chat_template=spec.chat_template)  # fmt: skip
+        if not pairs:
+            raise ConfigError(Problem(key, f"{path}: the prompt of every one of its {len(records)} pairs fills "
+                                           f"dpo.max_length = {dpo.max_length}: no pair is left to learn from"))  # fmt: skip
+        if dropped:
+            notes.append(f"{dropped} of {len(records)} {what} pairs dropped: the prompt alone fills "
+                         f"dpo.max_length = {dpo.max_length} (TRL's keep_start)")  # fmt: skip
+        return pairs
+
+    train = tokenized(spec.path, "data.path", "training")
+    evaluation = tokenized(spec.eval_path, "data.eval_path", "evaluation") if spec.eval_path is not None else None
+    return train, evaluation, "; ".join(notes)

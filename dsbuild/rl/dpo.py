@@ -1,0 +1,73 @@
+"""DPO on a ``Session``: the ``loss_fn`` of one micro-batch of pairs, and the reference's log-probs precomputed.
+
+What ``dsbuild train`` runs for ``task = "dpo"`` (``run/worker.py``) and what a loop of your own can pass to
+``Session.fit`` / ``step``: a micro-batch is TRL's ``[chosen rows; rejected rows]`` (``collate_pairs``); each
+completion's log-probability under the policy (with gradients) and under the reference (without: its engine, or the
+``ref_chosen_logps`` / ``ref_rejected_logps`` precomputed into the batch), then ``dpo_loss`` with the job's ``[dpo]``
+options. The loss function returns TRL's metrics beside the loss, which ``fit`` logs with each step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ..job.rl import DPOSpec
+from .losses import dpo_loss, pair_logps
+
+__all__ = ["dpo_loss_fn", "precompute_reference"]
+
+
+def dpo_loss_fn(policy: Any, reference: Any, spec: DPOSpec | None = None) -> Callable[[Any, Any], dict[str, Any]]:
+    """``loss_fn(engine, batch)`` of DPO for ``policy`` (a ``Session``) against ``reference`` (``policy.reference()``,
+    or ``None`` when every batch carries precomputed reference log-probs), with ``spec``'s options (TRL's
+    defaults when ``None``). Collective under ZeRO-3 as ``logprobs`` is."""
+    spec = spec or DPOSpec()
+
+    def loss_fn(_engine: Any, batch: Mapping[str, Any]) -> dict[str, Any]:
+        mask = batch["completion_mask"]
+        tokens = policy.logprobs(batch, completion_mask=mask)
+        chosen, rejected = pair_logps(tokens, mask, ld_alpha=spec.ld_alpha)
+        if "ref_chosen_logps" in batch:
+            ref_chosen, ref_rejected = batch["ref_chosen_logps"], batch["ref_rejected_logps"]
+        else:
+            ref_chosen, ref_rejected = pair_logps(
+                reference.logprobs(batch, completion_mask=mask), mask, ld_alpha=spec.ld_alpha
+            )
+        lengths = mask[:, 1:].sum(dim=1)  # TRL's shifted completion mask: the completion's tokens
+        rows = chosen.shape[0]
+        out = dpo_loss(
+            chosen, rejected, ref_chosen.to(chosen), ref_rejected.to(chosen), beta=spec.beta,
+            loss_type=list(spec.loss_type), loss_weights=spec.loss_weights, label_smoothing=spec.label_smoothing,
+            f_divergence_type=spec.f_divergence_type, f_alpha_divergence_coef=spec.f_alpha_divergence_coef,
+            discopop_tau=spec.discopop_tau, chosen_lengths=lengths[:rows], rejected_lengths=lengths[rows:],
+            chosen_token_logps=tokens[:rows], chosen_token_mask=mask[:rows],
+        )  # fmt: skip
+        return {"loss": out.loss, **out.metrics()}
+
+    return loss_fn
+
+
+def precompute_reference(
+    reference: Any,
+    samples: Sequence[Mapping[str, Any]],
+    collate: Callable[[list[Any]], Mapping[str, Any]],
+    batch_size: int,
+    spec: DPOSpec | None = None,
+) -> list[dict[str, Any]]:
+    """Every pair of ``samples`` with its ``ref_chosen_logps`` / ``ref_rejected_logps`` under ``reference`` (TRL's
+    ``precompute_ref_log_probs``), ``batch_size`` pairs per forward, in order. Collective under ZeRO-3: every rank
+    scores the same pairs."""
+    spec = spec or DPOSpec()
+    out: list[dict[str, Any]] = []
+    for start in range(0, len(samples), batch_size):
+        chunk = [dict(s) for s in samples[start : start + batch_size]]
+        batch = collate(chunk)
+        mask = batch["completion_mask"]
+        with torch.no_grad():
+            chosen, rejected = pair_logps(reference.logprobs(batch, completion_mask=mask), mask, ld_alpha=spec.ld_alpha)
+        for sample, c, r in zip(chunk, chosen.tolist(), rejected.tolist(), strict=True):
+            out.append({**sample, "ref_chosen_logps": c, "ref_rejected_logps": r})
+    return out
