@@ -52,7 +52,8 @@ vocab_size = 384
 TINY_TRAINING: dict[str, Any] = {"per_device_train_batch_size": 4, "learning_rate": 1e-3, "max_steps": 10}
 
 
-_NEEDS_TRAINING = re.compile(r"^pytestmark = .*pytest\.mark\.(train|engine)\b", re.MULTILINE)
+_NEEDS_TRAINING = re.compile(r"^pytestmark = (?:\[[^\]]*?|[^\n]*?)pytest\.mark\.(train|engine)\b", re.MULTILINE)
+"""A module marked ``train`` or ``engine`` as a whole: ``pytestmark = pytest.mark.train``, or a list over lines."""
 _IGNORED: list[str] = []
 
 
