@@ -40,6 +40,7 @@ def test_every_example_is_covered() -> None:
         "build_config.py",
         "custom_loop.py",
         "dpo_loop.py",
+        "grpo_loop.py",
         "hf_trainer.py",
         "job_dpo.toml",
         "job_lora_zero3.toml",
@@ -71,6 +72,16 @@ def test_dpo_loop(tmp_path: Path) -> None:
     done = example("dpo_loop.py", "--steps", "2", "--out", str(tmp_path / "dpo"), cwd=tmp_path)
     assert "step 1 starts at the reference: loss log 2 = 0.6931, got 0.6931" in done.stdout
     assert len(json.loads((tmp_path / "dpo" / "dpo_history.json").read_text())) == 2
+
+
+@pytest.mark.slow
+def test_grpo_loop(tmp_path: Path) -> None:
+    """GRPO in your own loop at ZeRO-3: sampling inside gathered(), rewards, group advantages, TRL's loss with a KL
+    to the reference that is 0 at step 1 and grows after."""
+    done = example("grpo_loop.py", "--iterations", "2", "--out", str(tmp_path / "grpo"), cwd=tmp_path)
+    assert "kl to the reference at step 1 (policy = reference): 0.0e+00" in done.stdout
+    steps = [line for line in done.stdout.splitlines() if line.startswith("  step ")]
+    assert len(steps) == 2 and float(steps[1].split("kl ")[1].split()[0]) > 0
 
 
 @pytest.mark.slow
