@@ -114,6 +114,10 @@ def add_plan(commands: Commands) -> None:
         metavar="PATH",
         help="a directory on a local NVMe drive: NVMe offload rows may be recommended (default: they are not)",
     )
+    p.add_argument(
+        "--reference", action="store_true",
+        help="count a frozen reference model beside the policy (DPO, GRPO's KL; a DPO job's --model: from its job)",
+    )  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--emit", metavar="FILE", type=Path, help="write the recommended config as TOML (or JSON by suffix)")
     p.set_defaults(handler=_plan)
@@ -138,6 +142,10 @@ def _plan(args: argparse.Namespace) -> int:
             "gradient_checkpointing": job.model.gradient_checkpointing,
             "sequence_parallel": degrees(job.config)[0],
         }
+        if job.task == "dpo" and job.dpo is not None and job.reference is not None:
+            # A micro-batch of DPO is its pairs' chosen and rejected rows, each up to [dpo] max_length tokens.
+            facts.update(seq_len=job.dpo.max_length or facts["seq_len"], reference=not job.reference.precompute,
+                         micro_batch=2 * job.training.per_device_train_batch_size)  # fmt: skip
     given = {
         "gpus_per_node": args.gpus_per_node,
         "nodes": args.nodes,
@@ -146,6 +154,8 @@ def _plan(args: argparse.Namespace) -> int:
         "gradient_checkpointing": args.gradient_checkpointing,
     }
     facts.update({name: value for name, value in given.items() if value is not None})  # else the job's, or the default
+    if args.reference:
+        facts["reference"] = True
     result = plan(
         params=parse_count(args.params) if args.params is not None else None,
         model=model,

@@ -209,6 +209,7 @@ def plan(
     additional_buffer_factor: float = ADDITIONAL_BUFFER_FACTOR,
     lora: Mapping[str, Any] | None = None,
     sequence_parallel: int = 1,
+    reference: bool = False,
 ) -> Plan:
     """Memory per GPU of every ZeRO stage × offload choice, and the fastest config that fits (docs/planner.md).
 
@@ -217,19 +218,18 @@ def plan(
     (``"80GiB"``); one not given always fits. Each GPU needs its model states, the activations of one micro-batch of
     ``seq_len`` × ``micro_batch`` (as ``gradient_checkpointing``, ``flash_attention`` and ``sequence_parallel`` change
     them) and the ``headroom``. NVMe rows need ``nvme_path``. ``lora`` (peft ``LoraConfig`` fields, with ``model``):
-    the adapters carry the states of training, the frozen base counts once in 16 bits."""
+    the adapters carry the states of training, the frozen base counts once in 16 bits; ``reference``: a frozen copy."""
     _check_arguments(
         gpus_per_node=gpus_per_node, nodes=nodes, seq_len=seq_len, micro_batch=micro_batch,
         gradient_checkpointing=gradient_checkpointing, flash_attention=flash_attention,
-        additional_buffer_factor=additional_buffer_factor, params=params, model=model,
+        additional_buffer_factor=additional_buffer_factor, reference=reference, params=params, model=model,
     )  # fmt: skip
     size = count_params(model) if model is not None else None
-    counted = _counts(params, model, size, lora, largest_layer_params)
+    counted = _with_reference(_counts(params, model, size, lora, largest_layer_params), reference, lora is not None)
     gpu_budget = parse_size(gpu_memory, "gpu_memory") if gpu_memory is not None else None
     cpu_budget = parse_size(cpu_memory, "cpu_memory") if cpu_memory is not None else None
     rule = Headroom(*parse_headroom(headroom, "headroom")) if headroom is not None else DEFAULT_HEADROOM
-    kept = rule.of(gpu_budget)
-    shape = size.shape if size is not None else None
+    kept, shape = rule.of(gpu_budget), size.shape if size is not None else None
     acts = (
         activations(micro_batch, seq_len, shape.hidden_size, shape.num_layers, num_heads=None if flash_attention
                     else shape.num_heads, checkpointing=gradient_checkpointing, vocab_size=shape.vocab_size,
@@ -280,6 +280,7 @@ _ARGUMENTS: Final[dict[str, tuple[Callable[[Any], bool], str]]] = {
     "micro_batch": (lambda v: _count_ok(v), "a positive integer up to 1e15"),
     "gradient_checkpointing": (lambda v: isinstance(v, bool), "True or False"),
     "flash_attention": (lambda v: isinstance(v, bool), "True or False"),
+    "reference": (lambda v: isinstance(v, bool), "True or False"),
     "additional_buffer_factor": (lambda v: isinstance(v, int | float) and not isinstance(v, bool) and v >= 1,
                                  "a number >= 1"),
 }  # fmt: skip
@@ -341,6 +342,23 @@ def _counts(params: Any, model: Any, size: Any, lora: Mapping[str, Any] | None, 
             "or the model's config"
         )
     return _Counts(total, frozen, trained, largest, tuple(notes))
+
+
+def _with_reference(counted: _Counts, reference: bool, lora: bool) -> _Counts:
+    """The counts with a reference model: a second copy of the weights, frozen (16 bits, no gradients or optimizer
+    states: whole on each GPU below stage 3, where ``for_inference`` makes it stage 0; partitioned or offloaded at
+    stage 3), or nothing more for a LoRA policy."""
+    if not reference:
+        return counted
+    if lora:
+        note = "reference model: the LoRA policy with its adapters disabled, no second copy of the weights"
+        return attrs.evolve(counted, notes=(*counted.notes, note))
+    note = (
+        f"reference model: a second copy of the {count_text(counted.total)} weights in 16 bits, frozen (no "
+        "gradients or optimizer states): whole on each GPU below stage 3 (Config.for_inference makes it stage 0), "
+        "partitioned at stage 3, offloaded with the parameters"
+    )
+    return attrs.evolve(counted, frozen=counted.frozen + counted.total, notes=(*counted.notes, note))
 
 
 _NO_GPU: Final = (
@@ -439,7 +457,7 @@ def _row(
     frozen: int = 0,
 ) -> Row:
     gpu, cpu, nvme = model_state_bytes(stage, opt, par, params, largest, gpus_per_node, nodes, factor)
-    if frozen:  # a LoRA run's frozen base: 16-bit weights only, partitioned (or offloaded) at stage 3
+    if frozen:  # a LoRA base or a reference model: 16-bit weights only, partitioned (or offloaded) at stage 3
         base = 2 * frozen
         if stage < 3:
             gpu += base

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -168,3 +169,32 @@ def test_plan_reads_a_lora_job(capsys: pytest.CaptureFixture[str], tmp_path: Pat
     assert "LoRA: 4.19M trainable adapter parameters" in out.replace("\n    ", " ")
     assert main(["plan", "--model", str(job), "--gpu-memory", "24GiB", "--gpus-per-node", "4"]) == 0
     assert "4 GPUs per node" in capsys.readouterr().out
+
+
+def test_plan_counts_a_dpo_jobs_reference(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """--model on a task = "dpo" job counts its reference (16-bit weights, whole below stage 3), at [dpo] max_length
+    tokens and two rows a pair; precompute = true keeps no reference, and --reference adds one to any plan."""
+    job = tmp_path / "job.toml"
+    text = (
+        'task = "dpo"\n[model]\ntokenizer = "byte"\n[model.config]\nmodel_type = "llama"\nhidden_size = 4096\n'
+        "intermediate_size = 11008\nnum_hidden_layers = 32\nnum_attention_heads = 32\nnum_key_value_heads = 32\n"
+        'vocab_size = 32000\n[data]\npath = "pairs.jsonl"\nformat = "preference"\n[dpo]\nmax_length = 512\n'
+        '[training]\nper_device_train_batch_size = 2\n[strategy]\nconfig = "zero2"\n[launch]\nnproc_per_node = 8\n'
+    )
+    job.write_text(text)
+    (tmp_path / "pairs.jsonl").write_text('{"prompt": "a", "chosen": " b", "rejected": " c"}\n')
+
+    def planned(*flags: str) -> dict[str, Any]:
+        assert main(["plan", "--model", str(job), "--json", *flags]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    with_reference = planned()
+    assert (with_reference["seq_len"], with_reference["micro_batch"]) == (512, 4)
+    assert any(note.startswith("reference model: a second copy") for note in with_reference["notes"])
+    job.write_text(text + "[reference]\nprecompute = true\n")
+    precomputed = planned()
+    assert not any(note.startswith("reference model") for note in precomputed["notes"])
+    stage0 = next(r for r in with_reference["rows"] if r["stage"] == 0)
+    alone = next(r for r in precomputed["rows"] if r["stage"] == 0)
+    assert stage0["gpu_bytes_per_device"] - alone["gpu_bytes_per_device"] == 2 * with_reference["params"]
+    assert any(note.startswith("reference model") for note in planned("--reference")["notes"])
