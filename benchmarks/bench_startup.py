@@ -23,6 +23,7 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 MODEL = {
     "model_type": "llama",
@@ -118,6 +119,24 @@ def measure(cmd: list[str], cwd: Path) -> dict[str, float]:
     return result
 
 
+def alternate(
+    commands: dict[str, Any], root: Path, rounds: int
+) -> tuple[dict[str, list[dict[str, float]]], dict[str, dict[str, float]]]:
+    """Each command once to warm up, then ``rounds`` rounds of all of them in turn; the samples and their medians."""
+    for make in commands.values():  # warm the page cache and DeepSpeed's op builds once
+        measure(make(-1), root)
+    samples: dict[str, list[dict[str, float]]] = {name: [] for name in commands}
+    for i in range(rounds):
+        for name, make in commands.items():
+            samples[name].append(measure(make(i), root))
+            print(f"round {i + 1}: {name}: {samples[name][-1]['wall']:.2f} s, {samples[name][-1]['peak_mib']:.0f} MiB")
+    medians = {
+        name: {key: statistics.median(s[key] for s in runs) for key in ("wall", "peak_mib")}
+        for name, runs in samples.items()
+    }
+    return samples, medians
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -145,17 +164,7 @@ def main() -> None:
             "import torch, deepspeed, transformers, peft",
         ],
     }
-    for make in commands.values():  # warm the page cache and DeepSpeed's op builds once
-        measure(make(-1), root)
-    samples: dict[str, list[dict[str, float]]] = {name: [] for name in commands}
-    for i in range(args.rounds):
-        for name, make in commands.items():
-            samples[name].append(measure(make(i), root))
-            print(f"round {i + 1}: {name}: {samples[name][-1]['wall']:.2f} s, {samples[name][-1]['peak_mib']:.0f} MiB")
-    medians = {
-        name: {key: statistics.median(s[key] for s in runs) for key in ("wall", "peak_mib")}
-        for name, runs in samples.items()
-    }
+    samples, medians = alternate(commands, root, args.rounds)
     ds, hf = medians["dsbuild train"], medians["HF Trainer (torchrun)"]
     print()
     for name, m in medians.items():
