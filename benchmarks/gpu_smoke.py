@@ -1,5 +1,6 @@
 """GPU smoke test of what DeepSpeed runs only on GPUs: ZenFlow, SuperOffload, DeepCompile and Ulysses with flash
-attention, 20 steps each on a tiny model through ``Session``, peak GPU memory beside the planner's figure.
+attention, 20 steps each on a tiny model through ``Session``, peak GPU memory beside the planner's figure; and the
+RL pieces whose worth only a GPU shows (case ``rl``, ZeRO-3).
 
 Each case trains a 4-layer Llama (hidden 1024, 16 heads, built from its config) on random tokens of ``--seq``
 tokens for ``--steps`` optimizer steps in bf16, in a process of its own (``torchrun`` for the 2-GPU Ulysses case),
@@ -11,6 +12,12 @@ that could run trained; 1 when one failed; 2 without a CUDA GPU.
 
     python benchmarks/gpu_smoke.py [--cases zenflow,superoffload,deepcompile,ulysses] [--steps 20] [--seq 2048]
     python benchmarks/gpu_smoke.py --dry-run   # the plumbing, on the CPU: the baseline case, 2 steps, no GPU figures
+
+Case ``rl`` also measures, after its steps: GPU memory allocated before ``session.offloaded()``, inside it and after
+(expected: inside, about 12 bytes per parameter less — Adam's two states and the fp32 master weights, ~1.3 GiB for
+this model — and after, back to before), and greedy generation of 64 tokens for 4 prompts, tokens per second with
+DeepSpeed's hooks (a gather per layer per token) against inside ``session.gathered()`` (expected: gathered several
+times faster; DeepSpeedExamples #718 reports 72 s against 0.8 s on a larger model). Unmeasured until run on a GPU.
 
 Not run in CI: it needs a GPU. ``benchmarks/README.md`` says where results go.
 """
@@ -50,6 +57,7 @@ CASES: dict[str, dict[str, Any]] = {
     "superoffload": {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "super_offload": True}}},
     "deepcompile": {"zero_optimization": {"stage": 3}, "compile": {"deepcompile": True}},
     "ulysses": {"zero_optimization": {"stage": 2}, "sequence_parallel_size": 2},
+    "rl": {"zero_optimization": {"stage": 3}},
 }
 """Each case's ds_config sections (the batch, optimizer and precision are the same for all)."""
 
@@ -108,9 +116,38 @@ def worker(case: str, steps: int, seq: int, out: Path, cpu: bool) -> None:
         "steps_per_sec": (len(losses) - 1) / elapsed if len(losses) > 1 else None,
         "peak_gib": None if cpu else torch.cuda.max_memory_allocated() / 2**30,
     }
+    if case == "rl":
+        figures.update(rl_figures(session, cpu))
     (out / f"rank{distributed.rank()}.json").write_text(json.dumps(figures))
     distributed.close_gloo()
     os._exit(0)
+
+
+def rl_figures(session: Any, cpu: bool) -> dict[str, Any]:
+    """GPU memory around ``offloaded()`` and generation speed hooked against ``gathered()`` (the module docstring)."""
+    import time
+
+    import torch
+
+    def allocated() -> float | None:
+        return None if cpu else torch.cuda.memory_allocated() / 2**30
+
+    before = allocated()
+    with session.offloaded():
+        inside = allocated()
+    after = allocated()
+    prompts = torch.randint(3, MODEL["vocab_size"], (4, 32), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(prompts)
+
+    def tokens_per_sec() -> float:
+        started = time.perf_counter()
+        out = session.generate(prompts, mask, max_new_tokens=64, do_sample=False, eos_token_id=None, pad_token_id=0)
+        return (out.shape[1] - prompts.shape[1]) * out.shape[0] / (time.perf_counter() - started)
+
+    hooked = tokens_per_sec()
+    with session.gathered():
+        gathered = tokens_per_sec()
+    return {"offload_gib": [before, inside, after], "generate_tokens_per_sec": {"hooked": hooked, "gathered": gathered}}
 
 
 def planned_gib(case: str, seq: int) -> float:
@@ -152,12 +189,13 @@ def run_case(case: str, steps: int, seq: int, cpu: bool) -> dict[str, Any]:
         "steps_per_sec": first["steps_per_sec"],
         "peak_gib": max((r["peak_gib"] or 0) for r in ranks) if not cpu else None,
         "planner_gib": None if cpu else planned_gib(case, seq),
+        **{k: first[k] for k in ("offload_gib", "generate_tokens_per_sec") if k in first},
     }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", default="zenflow,superoffload,deepcompile,ulysses")
+    parser.add_argument("--cases", default="zenflow,superoffload,deepcompile,ulysses,rl")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--dry-run", action="store_true", help="the baseline case on the CPU (2 steps), no GPU")
@@ -169,7 +207,7 @@ def main() -> int:
         worker(args.worker, args.steps, args.seq, Path(args.out), args.dry_run)
         return 0
     if args.dry_run:
-        cases, steps, seq = ["baseline"], 2, 64
+        cases, steps, seq = ["baseline", "rl"], 2, 64
     else:
         import torch
 
