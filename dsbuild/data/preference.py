@@ -26,6 +26,7 @@ from ..errors import ConfigError, Problem
 from ..job.formats import FIELDS as FORMAT_FIELDS
 from ..job.rl import TRUNCATION_MODES, DPOSpec
 from .records import NOTHING_TO_LEARN, Checker, Record, iter_records
+from .tokens import common_prefix_length
 
 if TYPE_CHECKING:
     from ..job.spec import DataSpec
@@ -113,15 +114,6 @@ def _ids(tokenizer: Any, value: str | list[Any], **template: Any) -> list[int]:
     return list(tokenizer(text=value)["input_ids"])
 
 
-def _shared(a: Sequence[int], b: Sequence[int]) -> int:
-    length = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        length += 1
-    return length
-
-
 def tokenize_pair(record: Mapping[str, Any], tokenizer: Any, chat_template: str | None = None) -> dict[str, list[int]]:
     """``prompt_ids``, ``chosen_ids`` and ``rejected_ids`` of one checked record, as TRL tokenizes it (module
     docstring)."""
@@ -137,7 +129,7 @@ def tokenize_pair(record: Mapping[str, Any], tokenizer: Any, chat_template: str 
         prompt = _ids(tokenizer, pair["prompt"])
         chosen = _ids(tokenizer, pair["prompt"] + ends["chosen"])
         rejected = _ids(tokenizer, pair["prompt"] + ends["rejected"])
-    cut = min(_shared(prompt, chosen), _shared(prompt, rejected))
+    cut = min(common_prefix_length(prompt, chosen), common_prefix_length(prompt, rejected))
     return {"prompt_ids": prompt[:cut], "chosen_ids": chosen[cut:], "rejected_ids": rejected[cut:]}
 
 

@@ -44,6 +44,7 @@ __all__ = [
     "Unusable",
     "chat_segments",
     "chat_template_of",
+    "common_prefix_length",
     "encode",
     "keep_trained_template",
     "render",
@@ -270,7 +271,7 @@ def _trl_chat(record: Record, tokenizer: Any, template: str | None, options: Enc
                 [*record["prompt"], *record["completion"]], return_assistant_tokens_mask=options.assistant_only_loss
             )
             ids = list(done["input_ids"])
-            shared = _common_prefix(prompt_ids, ids)
+            shared = common_prefix_length(prompt_ids, ids)
             if options.completion_only_loss:
                 masks.append([0] * shared + [1] * (len(ids) - shared))
         else:
@@ -309,7 +310,7 @@ def _token_ids(tokenizer: Any, texts: list[str], special: bool) -> list[list[int
     return ids
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     """Leading ids ``a`` and ``b`` share (TRL's ``common_prefix_length``)."""
     n = 0
     for x, y in zip(a, b, strict=False):
@@ -358,7 +359,7 @@ def encode(records: Sequence[Record | None], tokenizer: Any, options: Encoding) 
         elif step[0] == "text":
             prompt = list(next(text_ids)) if step[1] is not None else None
             ids = list(next(text_ids))
-            shared = _common_prefix(prompt, ids) if prompt is not None and options.completion_only_loss else 0
+            shared = common_prefix_length(prompt, ids) if prompt is not None and options.completion_only_loss else 0
             labels = [IGNORE_INDEX] * shared + ids[shared:]
         else:
             ids, labels = list(step[1]), list(step[2])

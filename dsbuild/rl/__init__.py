@@ -6,16 +6,8 @@ torch-free specs of ``dsbuild.job.rl`` (``DPOSpec``, ``GRPOSpec``); the referenc
 are Session capabilities (``dsbuild.session``).
 """
 
-from .losses import (
-    DPOOutput,
-    GRPOOutput,
-    approx_kl,
-    dpo_loss,
-    group_advantages,
-    grpo_loss,
-    pair_logps,
-    sequence_logps,
-)
+from .grpo import GRPOOutput, approx_kl, group_advantages, grpo_loss
+from .losses import DPOOutput, dpo_loss, pair_logps, sequence_logps
 
 __all__ = [
     "DPOOutput",

@@ -25,7 +25,8 @@ from trl.trainer.grpo_trainer import GRPOTrainer
 
 from dsbuild.errors import InvalidValueError, Problem
 from dsbuild.job.rl import DPO_LOSS_TYPES, F_DIVERGENCE_LOSS_TYPES, F_DIVERGENCE_TYPES, GRPO_LOSS_TYPES
-from dsbuild.rl.losses import approx_kl, dpo_loss, group_advantages, grpo_loss, pair_logps, sequence_logps
+from dsbuild.rl.grpo import approx_kl, group_advantages, grpo_loss
+from dsbuild.rl.losses import dpo_loss, pair_logps, sequence_logps
 
 pytestmark = pytest.mark.train
 
