@@ -11,7 +11,7 @@ TRL's configs also carry (learning rate, batch sizes, ...) are ``[training]``'s,
 Where TRL only warns and the run would compute nonsense (``robust`` with ``label_smoothing >= 0.5`` divides by
 ``1 - 2 * label_smoothing``), the spec refuses; every other refusal is one TRL makes too, with TRL's reason.
 
-Nothing here imports torch, transformers or TRL: the losses that use these values are ``dsbuild.rl.losses``.
+Nothing here imports torch, transformers or TRL: the losses that use these values are ``dsbuild.rl.losses`` (DPO) and ``dsbuild.rl.grpo``.
 """
 
 from __future__ import annotations
