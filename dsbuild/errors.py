@@ -17,6 +17,7 @@ __all__ = [
     "ConfigError",
     "ConflictError",
     "DsbuildError",
+    "FunctionError",
     "InvalidValueError",
     "MissingDependencyError",
     "NonFiniteLossError",
@@ -164,6 +165,11 @@ class CheckpointError(SessionError):
 
 class NonFiniteLossError(SessionError):
     """The loss became NaN or infinite: the run stopped at that step (the message gives the last good checkpoint)."""
+
+
+class FunctionError(SessionError):
+    """A function the job names (a GRPO reward or rollout function) raised, or returned what cannot be used: the run
+    stopped before that step (the message names the function and the last good checkpoint)."""
 
 
 class RunStopped(SessionError):

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeAlias
 
-from ..errors import ConfigError, DsbuildError, NonFiniteLossError, RunStopped
+from ..errors import ConfigError, DsbuildError, FunctionError, NonFiniteLossError, RunStopped
 from ..version import VERSION
 from .args import Commands
 from .configs import add_explain, add_export, add_presets, add_schema, add_show, add_validate
@@ -82,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except DsbuildError as e:
         report(e)
-        if isinstance(e, NonFiniteLossError) or (isinstance(e, ConfigError) and e.fails_checks):
+        if isinstance(e, (NonFiniteLossError, FunctionError)) or (isinstance(e, ConfigError) and e.fails_checks):
             return 1  # a run that failed, or a config or job that fails its checks (DESIGN.md, docs/cli.md)
         return 2  # input that cannot be read, or a command used wrongly
     except BrokenPipeError:  # pragma: no cover - `dsbuild show x | head`

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .._util.overrides import parse_set
-from ..errors import ConfigError, DsbuildError, NonFiniteLossError, RunStopped
+from ..errors import ConfigError, DsbuildError, FunctionError, NonFiniteLossError, RunStopped
 from ..job import load_job
 from ..run.launch import STOPPED_MARK
 from ..run.worker import run
@@ -80,7 +80,8 @@ def _main(argv: Sequence[str] | None) -> int:
         get_error_handler().record_exception(e)  # torchrun's summary names this rank and the error
         if isinstance(e, RunStopped):
             return RunStopped.EXIT_CODE
-        return 1 if isinstance(e, NonFiniteLossError) else 2
+        failed = isinstance(e, (NonFiniteLossError, FunctionError)) or (isinstance(e, ConfigError) and e.fails_checks)
+        return 1 if failed else 2
     finally:
         import torch.distributed as dist
 

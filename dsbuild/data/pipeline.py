@@ -169,6 +169,10 @@ def check(spec: DataSpec, *, cache_dir: str | None = None, vocab_size: int | Non
         from .preference import check_data
 
         return check_data(spec)
+    if spec.format == "prompt":
+        from .prompts import check_data as check_prompts
+
+        return check_prompts(spec)
     require("reading a job's data", "datasets")
     train, evaluation = _sources(spec, cache_dir)
     _check(train, spec, "data.path", vocab_size)
@@ -346,6 +350,10 @@ def load(
 
         pairs = load_data(spec.data, tokenizer, spec.dpo) if isinstance(spec, Job) else load_data(spec, tokenizer)
         return Datasets(*pairs)
+    if (spec.data if isinstance(spec, Job) else spec).format == "prompt":
+        from .prompts import load_data as load_prompts
+
+        return Datasets(*load_prompts(spec.data if isinstance(spec, Job) else spec, tokenizer))
     if isinstance(spec, Job):
         seed = spec.training.seed if seed is None else seed
         spec = spec.data

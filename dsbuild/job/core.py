@@ -19,8 +19,8 @@ from ..resolve.schedule import job_steps
 from ..resolve.training import Training
 from ..validate import Diagnostic, validate
 from .reader import read_job, read_job_dict
-from .rl import DPOSpec
-from .spec import DataSpec, LaunchSpec, ModelSpec, ReferenceSpec, StrategySpec
+from .rl import DPOSpec, GRPOSpec
+from .spec import DataSpec, LaunchSpec, ModelSpec, ReferenceSpec, RewardsSpec, RolloutSpec, StrategySpec
 
 __all__ = ["Job", "demo_job_path", "load_job"]
 
@@ -46,12 +46,18 @@ class Job:
     description: str | None = None
     """The file's one-line ``description``."""
     task: str = "sft"
-    """What the job trains: ``"sft"`` (TRL's SFTTrainer's) or ``"dpo"`` (TRL's DPOTrainer's: ``reference`` and
-    ``dpo`` are read)."""
+    """What the job trains: ``"sft"`` (TRL's SFTTrainer's), ``"dpo"`` (TRL's DPOTrainer's: ``reference`` and ``dpo``
+    are read) or ``"grpo"`` (TRL's GRPOTrainer's: ``reference``, ``rollout``, ``rewards`` and ``grpo``)."""
     reference: ReferenceSpec | None = None
-    """``[reference]`` of a DPO job."""
+    """``[reference]`` of a DPO job, or of a GRPO job with ``beta`` > 0 (``None`` there: what the policy starts from)."""
     dpo: DPOSpec | None = None
     """``[dpo]`` of a DPO job."""
+    rollout: RolloutSpec | None = None
+    """``[rollout]`` of a GRPO job."""
+    rewards: RewardsSpec | None = None
+    """``[rewards]`` of a GRPO job."""
+    grpo: GRPOSpec | None = None
+    """``[grpo]`` of a GRPO job."""
 
     @classmethod
     def from_dict(
@@ -97,7 +103,17 @@ class Job:
             return None
         if isinstance(self.data.eval_split, float):
             records -= math.ceil(records * self.data.eval_split)  # what datasets' train_test_split holds out
-        return job_steps(records, self.training, self.config, world_size=world_size or self.launch.world_size)
+        world_size = world_size or self.launch.world_size
+        return job_steps(self.samples(records, world_size), self.training, self.config, world_size=world_size)
+
+    def samples(self, records: int, world_size: int) -> int:
+        """The samples an epoch of ``records`` trains on: the records; a GRPO job's completions, whole generation
+        batches of them (``GRPOSpec.completions``)."""
+        if self.grpo is None:
+            return records
+        training = self.training
+        return self.grpo.completions(records, training.per_device_train_batch_size, world_size,
+                                     training.gradient_accumulation_steps)  # fmt: skip
 
     def _counted_steps(self, world_size: int | None) -> int | None:
         """The step count to pass ``resolve``: none when ``max_steps`` says it (resolve reads it, and says so)."""

@@ -29,8 +29,9 @@ __all__ = [
     "template_problems",
 ]
 
-FORMATS: Final = ("alpaca", "messages", "prompt_completion", "sharegpt", "text", "tokenized", "preference")
-"""The ``[data] format`` values a job understands (``"preference"``: the pairs of ``task = "dpo"``)."""
+FORMATS: Final = ("alpaca", "messages", "prompt_completion", "sharegpt", "text", "tokenized", "preference", "prompt")
+"""The ``[data] format`` values a job understands (``"preference"``: the pairs of ``task = "dpo"``; ``"prompt"``: the
+prompts of ``task = "grpo"``, TRL's prompt-only format)."""
 
 CHAT_FORMATS: Final = ("messages", "sharegpt")
 """Formats of conversations, rendered with a chat template; the loss is on the assistant's turns."""
@@ -52,6 +53,7 @@ FIELDS: Final = {
     "prompt_completion": ("prompt", "completion"),
     "tokenized": ("input_ids", "labels", "completion_mask", "attention_mask"),
     "preference": ("prompt", "chosen", "rejected"),
+    "prompt": ("prompt",),
 }
 """The fields each format reads, by their usual names; ``[data.columns]`` gives a file's own names for them."""
 

@@ -17,8 +17,19 @@ from ..resolve.training import Training
 from .collect import BAD, Collector
 from .complete import complete
 from .readers import CHECKS, READERS
-from .rl import DPOSpec
-from .spec import JOB_TABLES, TASK_TABLES, TASKS, DataSpec, LaunchSpec, ModelSpec, ReferenceSpec, StrategySpec
+from .rl import DPOSpec, GRPOSpec, check_grpo_batch
+from .spec import (
+    JOB_TABLES,
+    TASK_TABLES,
+    TASKS,
+    DataSpec,
+    LaunchSpec,
+    ModelSpec,
+    ReferenceSpec,
+    RewardsSpec,
+    RolloutSpec,
+    StrategySpec,
+)
 
 __all__ = ["is_job", "looks_like_job", "read_job", "read_job_dict"]
 
@@ -65,10 +76,7 @@ def read_job(
     training = _training(c, tables["training"])
     strategy = c.collect(StrategySpec, tables["strategy"], "strategy")
     launch = c.collect(LaunchSpec, tables["launch"], "launch")
-    reference = (
-        c.collect(ReferenceSpec, c.table(data, "reference", "reference"), "reference") if task == "dpo" else None
-    )
-    dpo = c.collect(DPOSpec, c.table(data, "dpo", "dpo"), "dpo") if task == "dpo" else None
+    rl = _rl_tables(c, task, data)
     if data_spec is not None:
         _task_data(c, task, data_spec, tables["data"])
     config = done = None
@@ -77,17 +85,62 @@ def read_job(
             done, config = complete(strategy.config, training, explicit=set(tables["training"]), name=name)
         except ConfigError as e:
             c.problems.extend(e.problems)
+    if task == "grpo" and done is not None and launch is not None and rl.get("grpo") is not None:
+        _grpo_batch(c, rl["grpo"], done, launch.world_size, rl.get("reference") is not None)
     if c.problems or None in (model, data_spec, done, strategy, launch, config):
         raise ConfigError(c.problems, source=source, checks=not c.unreadable)
     assert done is not None and done.output_dir is not None  # complete() sets it
     where = (output_base or base_dir) / Path(done.output_dir).expanduser()
     done = attrs.evolve(done, output_dir=os.path.abspath(where))
     return dict(model=model, data=data_spec, training=done, strategy=strategy, launch=launch, config=config,
-                source=source, description=description, task=task, reference=reference, dpo=dpo)  # fmt: skip
+                source=source, description=description, task=task, **rl)  # fmt: skip
 
 
 DPO_DATA_KEYS = frozenset({"path", "eval_path", "format", "chat_template"})
 """The ``[data]`` keys a DPO job reads (the pairs' length and truncation are ``[dpo]``'s, as TRL's ``DPOConfig``)."""
+
+
+GRPO_DATA_KEYS = frozenset({"path", "format", "chat_template"})
+"""The ``[data]`` keys a GRPO job reads (the completions' length is ``[grpo]``'s, as TRL's ``GRPOConfig``)."""
+
+_TASK_SPECS: dict[str, type] = {
+    "reference": ReferenceSpec, "dpo": DPOSpec, "rollout": RolloutSpec, "rewards": RewardsSpec, "grpo": GRPOSpec,
+}  # fmt: skip
+
+
+def _rl_tables(c: Collector, task: str, data: Mapping[str, Any]) -> dict[str, Any]:
+    """The tables of the job's task (``TASK_TABLES``), each read by the collector; a GRPO job's ``[reference]`` is
+    read only when given (``beta = 0`` builds none), its ``[rollout]`` and ``[grpo]`` take their defaults."""
+    tables: dict[str, Any] = {}
+    for name in TASK_TABLES.get(task, ()):
+        if task == "grpo" and name == "reference" and name not in data:
+            tables[name] = None
+            continue
+        if name == "rewards" and name not in data:
+            c.problem("rewards", 'missing: a GRPO job needs [rewards] functions = ["module:function", ...]')
+            tables[name] = None
+            continue
+        tables[name] = c.collect(_TASK_SPECS[name], c.table(data, name, name), name)
+    return tables
+
+
+def _grpo_batch(c: Collector, grpo: GRPOSpec, training: Training, world_size: int, has_reference: bool) -> None:
+    """TRL's checks of the generation batch (``check_grpo_batch``), before anything starts; a generation batch other
+    than one optimizer step's is refused; a reference with ``beta = 0`` is never used."""
+    accumulation, micro = training.gradient_accumulation_steps, training.per_device_train_batch_size
+    c.problems.extend(check_grpo_batch(micro, accumulation, world_size, grpo.num_generations,
+                                       steps_per_generation=grpo.steps_per_generation,
+                                       generation_batch_size=grpo.generation_batch_size))  # fmt: skip
+    step = micro * world_size * accumulation
+    if grpo.steps_per_generation not in (None, accumulation):
+        c.problem("grpo.steps_per_generation", f"got {grpo.steps_per_generation}: dsbuild train generates once per "
+                  f"optimizer step ({accumulation} micro-batches)", "leave it out (TRL's default)")  # fmt: skip
+    if grpo.generation_batch_size not in (None, step):
+        c.problem("grpo.generation_batch_size", f"got {grpo.generation_batch_size}: dsbuild train generates one "
+                  f"optimizer step's completions ({step})", "leave it out (TRL's default)")  # fmt: skip
+    if has_reference and grpo.beta == 0.0:
+        c.problem("reference", "not used with grpo.beta = 0 (no KL term: TRL builds no reference)",
+                  "set grpo.beta > 0, or leave [reference] out")  # fmt: skip
 
 
 def _task(c: Collector, data: Mapping[str, Any]) -> str:
@@ -98,17 +151,28 @@ def _task(c: Collector, data: Mapping[str, Any]) -> str:
         return "sft"
     for other, tables in TASK_TABLES.items():
         for table in tables:
-            if other != task and table in data:
+            if other != task and table in data and table not in TASK_TABLES.get(task, ()):
                 c.problem(table, f"[{table}] is read by task = {other!r}; this job's task is {task!r}",
                           f'set task = "{other}", or leave [{table}] out')  # fmt: skip
     return str(task)
 
 
 def _task_data(c: Collector, task: str, data: DataSpec, table: Mapping[str, Any]) -> None:
-    """Preference data is DPO's and DPO reads only preference data; the [data] keys DPO does not read are problems."""
+    """Preference data is DPO's and DPO reads only preference data, prompts are GRPO's and GRPO reads only prompts;
+    the [data] keys DPO or GRPO does not read are problems."""
     if (task == "dpo") != (data.format == "preference"):
         wanted = 'format = "preference" (prompt / chosen / rejected)' if task == "dpo" else 'task = "dpo"'
         c.problem("data.format", f"got {data.format!r} for task = {task!r}", f"a DPO job reads pairs: {wanted}")
+    elif (task == "grpo") != (data.format == "prompt"):
+        wanted = 'format = "prompt" (a prompt per record)' if task == "grpo" else 'task = "grpo"'
+        c.problem("data.format", f"got {data.format!r} for task = {task!r}", f"a GRPO job reads prompts: {wanted}")
+    if task == "grpo":
+        if data.path is not None and not (isinstance(data.path, Path) and data.path.is_file()):
+            c.problem("data.path", f"{data.path}: a GRPO job reads a local JSON or JSON Lines file of prompts")
+        for key in sorted(set(table) - GRPO_DATA_KEYS):
+            hint = "[grpo] max_completion_length, as TRL's GRPOConfig" if key == "max_length" else None
+            why = 'not read for task = "grpo"' + (" (a GRPO job does not evaluate)" if "eval" in key else "")
+            c.problem(f"data.{key}", why, hint)
     if task == "dpo":
         for key, where in (("path", data.path), ("eval_path", data.eval_path)):
             if where is not None and not (isinstance(where, Path) and where.is_file()):

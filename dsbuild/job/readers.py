@@ -34,7 +34,8 @@ from .formats import (
     is_hub_id,
     template_problems,
 )
-from .rl import DPOSpec, loss_weights_problem
+from .functions import function_ref_problem
+from .rl import DPOSpec, GRPOSpec, loss_weights_problem
 from .spec import (
     ALSO_READ,
     ATTN_IMPLEMENTATIONS,
@@ -46,6 +47,8 @@ from .spec import (
     LoraSpec,
     ModelSpec,
     ReferenceSpec,
+    RewardsSpec,
+    RolloutSpec,
     StrategySpec,
 )
 
@@ -383,8 +386,56 @@ def dpo_checks(c: Collector, values: dict[str, Any], path: str, table: Mapping[s
             c.problem(f"{path}.{key}", why)
 
 
+def rollout_checks(c: Collector, values: dict[str, Any], path: str, table: Mapping[str, Any]) -> None:
+    """``backend = "function"`` names its function (``module:function``); ``"hf"`` takes none."""
+    backend, function = values.get("backend", "hf"), values.get("function")
+    if backend == "function" and function is None:
+        c.problem(
+            f"{path}.function", 'missing: backend = "function" calls it', "e.g. function = 'my_rollouts:complete'"
+        )
+    elif backend == "hf" and function is not None:
+        c.problem(f"{path}.function", 'not read with backend = "hf" (the policy generates)', 'set backend = "function"')
+    elif function is not None and (problem := function_ref_problem(f"{path}.function", function)) is not None:
+        c.problems.append(problem)
+
+
+def rewards_checks(c: Collector, values: dict[str, Any], path: str, table: Mapping[str, Any]) -> None:
+    """One or more ``module:function`` references, and one weight per function when weights are given."""
+    functions = values.get("functions", ())
+    if not functions:
+        c.problem(f"{path}.functions", "got an empty list, expected one reward function or more")
+    for i, ref in enumerate(functions):
+        if (problem := function_ref_problem(f"{path}.functions[{i}]", ref)) is not None:
+            c.problems.append(problem)
+    weights = values.get("weights")
+    if weights is not None:
+        if (problem := loss_weights_problem(f"{path}.weights", weights)) is not None:
+            c.problems.append(problem)
+        elif functions and len(weights) != len(functions):
+            c.problem(f"{path}.weights", f"got {len(weights)} weights for {len(functions)} functions",
+                      "give one weight per function")  # fmt: skip
+
+
+GRPO_JOB_REFUSES: Final = {
+    "num_iterations": (1, "several optimisation passes over a generation batch are not built into dsbuild train"),
+    "sync_ref_model": (False, "the reference sync is not built into dsbuild train"),
+    "top_entropy_quantile": (1.0, "the entropy mask is not built into dsbuild train"),
+    "multi_objective_aggregation": ("sum_then_normalize", "only sum_then_normalize is built into dsbuild train"),
+    "num_generations_eval": (None, "a GRPO job does not evaluate (no eval data)"),
+}
+"""``GRPOConfig`` options a GRPO job refuses at other than their default, and why."""
+
+
+def grpo_checks(c: Collector, values: dict[str, Any], path: str, table: Mapping[str, Any]) -> None:
+    """What ``dsbuild train`` does not run of TRL's options, refused at other than their default."""
+    for key, (default, why) in GRPO_JOB_REFUSES.items():
+        if key in values and values[key] != default:
+            c.problem(f"{path}.{key}", f"{why}", f"leave it at {default!r}")
+
+
 READERS: Final[dict[tuple[type, str], Reader]] = {
     (DPOSpec, "loss_weights"): loss_weights,
+    (RewardsSpec, "weights"): loss_weights,
     (ModelSpec, "config"): model_config,
     (ModelSpec, "attn_implementation"): attn_implementation,
     (ModelSpec, "lora"): lora,
@@ -408,5 +459,8 @@ CHECKS: Final[dict[type, tuple[Check, ...]]] = {
     LaunchSpec: (launch_checks,),
     ReferenceSpec: (reference_checks,),
     DPOSpec: (dpo_checks,),
+    RolloutSpec: (rollout_checks,),
+    RewardsSpec: (rewards_checks,),
+    GRPOSpec: (grpo_checks,),
 }
 """Each table's checks of its keys together, in order."""

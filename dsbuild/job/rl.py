@@ -357,6 +357,14 @@ class GRPOSpec:
             found.append(Problem("grpo.max_completion_length", message, "set it", kind="rule"))
         return found
 
+    def completions(self, prompts: int, per_device: int, world_size: int, accumulation: int) -> int:
+        """The completions an epoch of ``prompts`` trains on, as TRL's ``RepeatSampler`` yields them: whole
+        generation batches (``per_device × world_size × accumulation`` completions, ``num_generations`` per prompt)
+        of distinct prompts, the last incomplete one dropped."""
+        generation_batch = per_device * world_size * accumulation
+        per_batch = max(generation_batch // self.num_generations, 1)
+        return (prompts // per_batch) * generation_batch
+
     @property
     def epsilon_low(self) -> float:
         """The lower clipping ε (``epsilon``), as ``GRPOTrainer`` names it."""

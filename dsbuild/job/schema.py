@@ -17,16 +17,28 @@ from .._util.docstrings import attribute_docs, one_line
 from ..io.schema import DIALECT, json_schema, value_schema
 from ..resolve.training import Training
 from ..version import VERSION
-from .rl import DPOSpec
-from .spec import ALSO_READ, TASKS, DataSpec, LaunchSpec, LoraSpec, ModelSpec, ReferenceSpec, StrategySpec, job_keys
+from .rl import DPOSpec, GRPOSpec
+from .spec import (
+    ALSO_READ,
+    TASKS,
+    DataSpec,
+    LaunchSpec,
+    LoraSpec,
+    ModelSpec,
+    ReferenceSpec,
+    RewardsSpec,
+    RolloutSpec,
+    StrategySpec,
+    job_keys,
+)
 
 __all__ = ["job_schema"]
 
 _TABLES: dict[str, type] = {
     "model": ModelSpec, "data": DataSpec, "strategy": StrategySpec, "launch": LaunchSpec,
-    "reference": ReferenceSpec, "dpo": DPOSpec,
+    "reference": ReferenceSpec, "dpo": DPOSpec, "rollout": RolloutSpec, "rewards": RewardsSpec, "grpo": GRPOSpec,
 }  # fmt: skip
-_REQUIRED: dict[type, list[str]] = {DataSpec: ["path", "format"], StrategySpec: ["config"]}
+_REQUIRED: dict[type, list[str]] = {DataSpec: ["path", "format"], StrategySpec: ["config"], RewardsSpec: ["functions"]}
 
 
 def job_schema() -> dict[str, Any]:
@@ -41,8 +53,8 @@ def job_schema() -> dict[str, Any]:
         "task": {
             "enum": list(TASKS),
             "default": "sft",
-            "description": 'What the job trains: "sft" (TRL\'s '
-            'SFTTrainer) or "dpo" (TRL\'s DPOTrainer: [reference] and [dpo] are read).',
+            "description": 'What the job trains: "sft" (TRL\'s SFTTrainer), "dpo" (TRL\'s DPOTrainer: [reference] and '
+            '[dpo] are read) or "grpo" (TRL\'s GRPOTrainer: [reference], [rollout], [rewards] and [grpo]).',
         },
         "training": _training(),
     }
@@ -58,7 +70,8 @@ def job_schema() -> dict[str, Any]:
         "type": "object",
         "properties": {
             key: properties[key]
-            for key in ("description", "task", "model", "data", "training", "strategy", "launch", "reference", "dpo")
+            for key in ("description", "task", "model", "data", "training", "strategy", "launch", *_TABLES)
+            if key in properties
         },
         "required": ["model", "data", "training", "strategy"],
         "additionalProperties": False,

@@ -27,6 +27,7 @@ __all__ = [
     "BYTE_VOCAB",
     "DTYPES",
     "JOB_TABLES",
+    "ROLLOUT_BACKENDS",
     "STRATEGIES",
     "TASKS",
     "TASK_TABLES",
@@ -36,6 +37,8 @@ __all__ = [
     "LoraSpec",
     "ModelSpec",
     "ReferenceSpec",
+    "RewardsSpec",
+    "RolloutSpec",
     "StrategySpec",
     "job_keys",
     "table_keys",
@@ -44,12 +47,18 @@ __all__ = [
 JOB_TABLES: Final = ("model", "data", "training", "strategy", "launch")
 """The top-level tables of a job file; a file with any of them is a job, not a ds_config."""
 
-TASK_TABLES: Final = {"dpo": ("reference", "dpo")}
-"""The tables a task adds to a job (``task = "dpo"``: ``[reference]`` and ``[dpo]``), read only for that task."""
+TASK_TABLES: Final = {"dpo": ("reference", "dpo"), "grpo": ("reference", "rollout", "rewards", "grpo")}
+"""The tables a task adds to a job (``task = "dpo"``: ``[reference]`` and ``[dpo]``; ``task = "grpo"``:
+``[reference]``, ``[rollout]``, ``[rewards]`` and ``[grpo]``), read only for that task."""
 
 TASKS: Final = ("sft", *TASK_TABLES)
-"""What a job trains (``task``): ``"sft"`` (the default: a causal LM on its data, as TRL's SFTTrainer) or ``"dpo"``
-(preference pairs, as TRL's DPOTrainer)."""
+"""What a job trains (``task``): ``"sft"`` (the default: a causal LM on its data, as TRL's SFTTrainer), ``"dpo"``
+(preference pairs, as TRL's DPOTrainer) or ``"grpo"`` (prompts, completions sampled and rewarded, as TRL's
+GRPOTrainer)."""
+
+ROLLOUT_BACKENDS: Final = ("hf", "function")
+"""``rollout.backend``: the policy's own ``generate`` (``"hf"``) or a function of the prompts (``"function"``, TRL's
+``rollout_func``)."""
 
 
 STRATEGIES: Final = ("deepspeed_train",)
@@ -378,7 +387,8 @@ class LaunchSpec:
 
 @attrs.frozen
 class ReferenceSpec:
-    """``[reference]`` (``task = "dpo"``): the frozen model the policy is scored against (``Session.reference``)."""
+    """``[reference]`` (``task = "dpo"``, or ``"grpo"`` with ``beta`` > 0): the frozen model the policy is scored
+    against (``Session.reference``)."""
 
     path: str | None = _key(None, _typed("str"))
     """A local model directory (absolute once read) or a hub id; default: what the policy starts from (a LoRA
@@ -388,6 +398,37 @@ class ReferenceSpec:
     precompute: bool = _key(False, _typed("bool"))
     """TRL's ``precompute_ref_log_probs``: the reference scores every pair once before training (again at each start,
     a resume included: the reference is fixed) and the loss reads those values."""
+
+
+@attrs.frozen
+class RolloutSpec:
+    """``[rollout]`` (``task = "grpo"``): where the completions come from."""
+
+    backend: str = _key("hf", _typed("choice", choices=ROLLOUT_BACKENDS))
+    """``"hf"`` (default): the policy samples them (HF ``generate``; under ZeRO-3 the whole model gathered on every
+    rank with ``grpo.ds3_gather_for_generation``, else the ranks stepping together); ``"function"``: ``function``."""
+    function: str | None = _key(None, _typed("str"))
+    """``"module:function"`` (``backend = "function"``): called with the prompts (one per completion), it returns the
+    completions, as text or token ids (TRL's ``rollout_func``); the module is imported from the job file's folder or
+    the Python path. A job file that names a function runs that code."""
+
+
+@attrs.frozen
+class RewardsSpec:
+    """``[rewards]`` (``task = "grpo"``): the reward functions, called as TRL's ``GRPOTrainer`` calls them."""
+
+    functions: tuple[str, ...] = _key(
+        spec=_typed("strs"), missing='missing: the reward functions, e.g. functions = ["my_rewards:length"]'
+    )
+    """``"module:function"`` each (TRL's ``reward_funcs``), called with ``prompts``, ``completions``,
+    ``completion_ids`` and the record's other columns; one number per completion (``None``: not scored). The modules
+    are imported from the job file's folder or the Python path: a job file that names a function runs that code."""
+    weights: tuple[float, ...] | None = _key(
+        None,
+        schema={"type": "array", "items": {"type": "number"}, "minItems": 1},
+        converter=lambda v: tuple(v) if isinstance(v, list) else v,
+    )
+    """One weight per function (TRL's ``reward_weights``); default 1.0 each."""
 
 
 ALSO_READ: Final[dict[type, dict[str, Key]]] = {

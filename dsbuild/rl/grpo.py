@@ -16,7 +16,16 @@ from ..errors import InvalidValueError, Problem
 from ..job.rl import GRPO_LOSS_TYPES, IMPORTANCE_SAMPLING_LEVELS, SCALE_REWARDS
 from .losses import refused
 
-__all__ = ["STD_EPSILON", "GRPOOutput", "approx_kl", "gamma_weights", "group_advantages", "grpo_loss", "nanstd"]
+__all__ = [
+    "STD_EPSILON",
+    "GRPOOutput",
+    "advantages_and_std",
+    "approx_kl",
+    "gamma_weights",
+    "group_advantages",
+    "grpo_loss",
+    "nanstd",
+]
 
 STD_EPSILON: Final = 1e-4
 """Added to the reward std before dividing (``_generate_and_score_completions``; OpenRLHF adds 1e-9)."""
@@ -44,6 +53,14 @@ def group_advantages(rewards: Tensor, num_generations: int, *, scale_rewards: st
     TRL: ``GRPOTrainer._generate_and_score_completions``, grpo_trainer.py:2760-2786 and 2808 (the default
     ``multi_objective_aggregation="sum_then_normalize"``, on the rewards already weighted and summed), with
     ``GRPOConfig.__post_init__``'s reading of ``True`` / ``False``."""
+    return advantages_and_std(rewards, num_generations, scale_rewards=scale_rewards)[0]
+
+
+def advantages_and_std(
+    rewards: Tensor, num_generations: int, *, scale_rewards: str | bool = "group"
+) -> tuple[Tensor, Tensor]:
+    """``group_advantages`` and the std each reward's advantage is scaled by (the group's, or the batch's with
+    ``"batch"``; TRL logs the share of zeros as ``frac_reward_zero_std``)."""
     scale = ("group" if scale_rewards else "none") if isinstance(scale_rewards, bool) else scale_rewards
     if scale not in SCALE_REWARDS:
         raise refused("grpo.scale_rewards", scale_rewards, SCALE_REWARDS)
@@ -66,7 +83,7 @@ def group_advantages(rewards: Tensor, num_generations: int, *, scale_rewards: st
     advantages = rewards - mean_grouped_rewards
     if scale != "none":
         advantages = advantages / (std_rewards + STD_EPSILON)
-    return torch.nan_to_num(advantages, nan=0.0)
+    return torch.nan_to_num(advantages, nan=0.0), std_rewards
 
 
 def approx_kl(per_token_logps: Tensor, ref_per_token_logps: Tensor) -> Tensor:

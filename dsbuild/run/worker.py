@@ -87,6 +87,8 @@ def preflight(job: Job) -> Datasets | None:
     from ..data import check, load
 
     model_source(job.model)
+    if job.task == "grpo":
+        job_functions(job)  # each function found before any process starts
     vocab = vocab_size(job.model)
     if job.model.tokenizer == BYTE_TOKENIZER or (job.model.tokenizer and Path(job.model.tokenizer).exists()):
         # One process (the launcher, or validate): no process group, so nothing of the Session is imported.
@@ -253,7 +255,8 @@ def prepare(job: Job, data: Datasets | None = None) -> Prepared:
         phase(f"reading and tokenizing the data ({job.data.path})")
     datasets = data if data is not None else _datasets(job, tokenizer)
     train, evaluation, note = datasets.train, datasets.evaluation, datasets.note
-    total = job_steps(len(train), job.training, job.config, world_size=distributed.world_size())
+    world = distributed.world_size()
+    total = job_steps(job.samples(len(train), world), job.training, job.config, world_size=world)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     phase(f"building the model ({len(train)} training samples, {total} steps)")
     session = Session.from_pretrained(
@@ -276,6 +279,8 @@ def prepare(job: Job, data: Datasets | None = None) -> Prepared:
         padding_free=job.data.padding_free,
         pad_to_multiple_of=session.sequence_parallel_size,  # each sequence cut into that many shards
     )
+    if job.task == "grpo":
+        collate_fn = list  # records: the rollout makes the tensors (dsbuild.rl.rollouts)
     if job.task == "dpo":
         assert job.dpo is not None
         from ..data.preference import collate_pairs
@@ -306,6 +311,60 @@ def dpo_parts(job: Job, ready: Prepared, say: Callable[[str], None]) -> tuple[Pr
     )  # fmt: skip
     del reference
     return attrs.evolve(ready, train=train, evaluation=evaluation), dpo_loss_fn(session, None, job.dpo)
+
+
+def job_functions(job: Job) -> tuple[list[tuple[str, Callable[..., Any]]], tuple[str, Callable[..., Any]] | None]:
+    """A GRPO job's reward functions and its rollout function (or ``None``), each with the name it is reported by,
+    imported from the job file's folder first (``job.functions.load_function``: a job file that names a function
+    runs that code). ``ConfigError`` at the key of one that cannot be found."""
+    from ..job.functions import load_function
+
+    assert job.rewards is not None and job.rollout is not None
+    base = Path(job.source).parent if job.source else None
+    rewards = [
+        (ref, load_function(ref, base_dir=base, key=f"rewards.functions[{i}]", source=job.source))
+        for i, ref in enumerate(job.rewards.functions)
+    ]
+    ref = job.rollout.function
+    rollout = (ref, load_function(ref, base_dir=base, key="rollout.function", source=job.source)) if ref else None
+    return rewards, rollout
+
+
+def grpo_parts(job: Job, ready: Prepared) -> tuple[Any, Any]:
+    """A GRPO job's data loader (TRL's prompt order, this process's share: ``GenerationSampler``) and its steps
+    (``GRPOSteps``: the rollout of each optimizer step and the loss of each micro-batch), the reference built beside
+    the policy when ``beta`` > 0."""
+    from torch.utils.data import DataLoader
+
+    from ..rl.rollouts import GenerationSampler, GRPOSteps
+
+    assert job.grpo is not None and job.rewards is not None
+    session = ready.session
+    rewards, rollout = job_functions(job)
+    reference = None
+    if job.grpo.beta != 0.0:
+        where = job.reference
+        reference = session.reference(where.path if where else None, offload=bool(where and where.offload),
+                                      disable_dropout=False)  # fmt: skip
+    sampler = GenerationSampler(len(ready.train), job.grpo, per_device=session.micro_batch_size,
+                                accumulation=session.gradient_accumulation_steps, world_size=session.world_size,
+                                rank=session.rank, seed=job.training.seed)  # fmt: skip
+    loader: DataLoader[Any] = DataLoader(ready.train, batch_size=session.micro_batch_size,  # type: ignore[arg-type]
+                                         sampler=sampler, collate_fn=list)  # fmt: skip
+    steps = GRPOSteps(session, job.grpo, rewards, weights=job.rewards.weights, rollout=rollout, reference=reference)
+    return loader, steps
+
+
+def _task_parts(job: Job, ready: Prepared, say: Callable[[str], None]) -> tuple[Prepared, Any, Any, Any]:
+    """What ``fit`` trains on for the job's task: ``(ready, data, loss_fn, rollout)`` (an SFT job: its samples, the
+    model's loss; a DPO job's samples may carry the reference's log-probs)."""
+    if job.task == "dpo":
+        ready, loss_fn = dpo_parts(job, ready, say)
+        return ready, ready.train, loss_fn, None
+    if job.task == "grpo":
+        loader, steps = grpo_parts(job, ready)
+        return ready, loader, steps.loss_fn, steps
+    return ready, ready.train, None, None
 
 
 def _run(
@@ -371,11 +430,9 @@ def _run(
     eval_steps = steps_between(training.eval_steps, ready.total_steps) if training.eval_steps else None
     by_steps = ready.evaluation is not None and training.eval_strategy != "epoch"  # "epoch": fit evaluates at each end
     eval_every = (eval_steps or save_every or None) if by_steps else None
-    loss_fn = None
-    if job.task == "dpo":
-        ready, loss_fn = dpo_parts(job, ready, say)
-    session.fit(ready.train, eval_data=ready.evaluation, eval_every=eval_every, collate_fn=ready.collate_fn,
-                loss_fn=loss_fn)  # fmt: skip
+    ready, train, loss_fn, rollout = _task_parts(job, ready, say)
+    session.fit(train, eval_data=ready.evaluation, eval_every=eval_every, collate_fn=ready.collate_fn,
+                loss_fn=loss_fn, rollout=rollout)  # fmt: skip
     lora = job.model.lora
     session.save_model(merge_lora=lora is not None and lora.merge)  # HF format, or the LoRA adapters; collective
 

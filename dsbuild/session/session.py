@@ -68,8 +68,7 @@ class Session(Persist, Capabilities):
         out = output_dir if output_dir is not None else (self.training.output_dir if self.training else None)
         self.output_dir: Path | None = Path(out) if out is not None else None
         self.tokenizer, self.data_fingerprint, self.terminate_on_nan = tokenizer, data_fingerprint, terminate_on_nan
-        self.checkpoint_digest = checked_digest(checkpoint_digest)
-        self.total_steps = total_steps
+        self.checkpoint_digest, self.total_steps = checked_digest(checkpoint_digest), total_steps
         report_to = self.training.report_to if self.training is not None else ()
         given = with_default_monitor(as_config(config), self.output_dir, report_to)
         # Everything that can be wrong with the config fails here, before a process group exists.
@@ -255,10 +254,10 @@ class Session(Persist, Capabilities):
         *,
         collate_fn: Callable[[list[Any]], Any] | None = None,
         loss_fn: Callable[[Any, Any], Any] | None = None,
+        rollout: Callable[[list[Any]], list[Any]] | None = None,
     ) -> list[dict[str, Any]]:
-        """Train ``max_steps`` optimizer steps (or ``epochs`` over ``train_data``), logging, evaluating and saving when
-        the HF Trainer would; a NaN loss stops it; after ``load_checkpoint`` it continues where the checkpoint left
-        off. Returns this call's history (docs/session.md, "fit")."""
+        """Train ``max_steps`` optimizer steps (or ``epochs`` of ``train_data``), logging, evaluating and saving as the HF
+        Trainer would, a NaN loss stopping it, on from a loaded checkpoint; the call's history (docs/session.md)."""
         loader = self.data_loader(train_data, self.micro_batch_size, shuffle=True, collate_fn=collate_fn)
         batches_per_epoch, accumulation = len(loader), self.gradient_accumulation_steps
         if batches_per_epoch == 0:
@@ -280,8 +279,8 @@ class Session(Persist, Capabilities):
                 iterator, left = self.position.iterator(loader), batches_per_epoch - self.position.batch_in_epoch
                 while left > 0 and engine.global_steps < steps:
                     # One optimizer step per group of micro-batches, as the HF Trainer (an epoch's last may be shorter).
-                    group = [next(iterator) for _ in range(min(accumulation, left))]
-                    left -= len(group)
+                    left -= (n := min(accumulation, left))
+                    group = (rollout or list)([next(iterator) for _ in range(n)])  # a rollout makes GRPO's batches
                     done, signalled = optimizer_step(self, group, loader, loss_fn, by_tokens, stop, record)
                     record.step(done, logs=plan.logs(done["step"]))
                     if plan.evaluates(done["step"]):

@@ -1,0 +1,325 @@
+"""GRPO in ``Session.fit``: TRL's prompt order, rollouts, rewards and group advantages for each optimizer step, and
+the loss of each micro-batch, as TRL 1.16's ``GRPOTrainer`` computes them (``dsbuild train`` of ``task = "grpo"``).
+
+One optimizer step is one generation batch (TRL's default ``steps_per_generation = gradient_accumulation_steps``,
+``num_iterations = 1``): ``per_device_train_batch_size × processes × gradient_accumulation_steps`` completions,
+``num_generations`` per prompt, in the order of TRL's ``RepeatSampler`` (``prompt_order``), each process taking its
+slice as Accelerate hands it out (``GenerationSampler``). ``GRPOSteps`` is ``fit``'s ``rollout``: it completes this
+process's prompts (the policy's ``generate``, or the job's rollout function), scores them with the reward functions,
+gathers the rewards of every process, turns them into advantages within each prompt's group, and gives ``fit`` the
+micro-batches to step on; ``GRPOSteps.loss_fn`` is TRL's loss on one of them (``grpo_loss``), with TRL's metrics.
+
+Differences from TRL, each said where it is made: the completions of a process's generation batch are split into
+micro-batches in order (TRL shuffles them first: a loss summed over the step, ``dapo``'s default among them, is the
+same either way, ``bnpo``'s per-micro-batch normaliser is not); the reward functions get no ``trainer_state``,
+``log_extra`` or ``log_metric``; no ``entropy`` is logged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from numbers import Real
+from typing import Any
+
+import torch
+from torch.utils.data import Sampler
+
+from ..errors import FunctionError
+from ..job.rl import GRPOSpec
+from ..session import distributed
+from .grpo import advantages_and_std, grpo_loss, nanstd
+
+__all__ = ["GRPOSteps", "GenerationSampler", "RewardFunction", "prompt_order"]
+
+RewardFunction = tuple[str, Callable[..., Any]]
+"""A reward function and the name it is reported by (``module:function``)."""
+
+
+def prompt_order(
+    prompts: int, *, num_generations: int, batch_size: int, repeat_count: int, seed: int, epoch: int = 0
+) -> list[int]:
+    """The record indices of epoch ``epoch`` as TRL's ``RepeatSampler`` yields them: a permutation drawn from a
+    generator seeded with ``seed`` (the ``epoch``-th draw: TRL's generator goes on from epoch to epoch), cut into
+    chunks of ``batch_size`` prompts (an incomplete last chunk dropped), each chunk ``repeat_count`` times, each index
+    ``num_generations`` times in a row."""
+    generator = torch.Generator()
+    generator.manual_seed(seed)
+    for _ in range(epoch):
+        torch.randperm(prompts, generator=generator)
+    indexes = torch.randperm(prompts, generator=generator).tolist()
+    chunks = [indexes[i : i + batch_size] for i in range(0, len(indexes), batch_size)]
+    return [
+        index
+        for chunk in chunks
+        if len(chunk) == batch_size
+        for _ in range(repeat_count)
+        for index in chunk
+        for _ in range(num_generations)
+    ]
+
+
+class GenerationSampler(Sampler[int]):
+    """This process's record indices of each epoch, one generation batch after another: of each generation batch
+    (``per_device × world_size × accumulation`` indices of ``prompt_order``) the ``rank``-th slice of ``per_device ×
+    accumulation``, as Accelerate's sharding of TRL's data loader hands it out; ``set_epoch`` as a
+    ``DistributedSampler``'s."""
+
+    def __init__(
+        self, prompts: int, spec: GRPOSpec, *, per_device: int, accumulation: int, world_size: int, rank: int, seed: int
+    ) -> None:
+        self.prompts, self.spec, self.seed = prompts, spec, seed
+        self.local = per_device * accumulation
+        self.world_size, self.rank = world_size, rank
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _order(self) -> list[int]:
+        generation_batch = self.local * self.world_size
+        return prompt_order(self.prompts, num_generations=self.spec.num_generations,
+                            batch_size=generation_batch // self.spec.num_generations, repeat_count=1,
+                            seed=self.seed, epoch=self.epoch)  # fmt: skip
+
+    def __iter__(self) -> Iterator[int]:
+        order = self._order()
+        generation_batch = self.local * self.world_size
+        for start in range(0, len(order), generation_batch):
+            yield from order[start + self.rank * self.local : start + (self.rank + 1) * self.local]
+
+    def __len__(self) -> int:
+        generation_batch = self.local * self.world_size
+        chunk = generation_batch // self.spec.num_generations
+        return (self.prompts // chunk) * self.local
+
+
+def _pad(rows: Sequence[Sequence[int]], value: int, *, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids, mask)`` of ``rows`` padded to the longest, on the left or the right (TRL's ``pad``)."""
+    width = max(len(r) for r in rows)
+    ids = [([value] * (width - len(r)) + list(r)) if left else (list(r) + [value] * (width - len(r))) for r in rows]
+    mask = [([0] * (width - len(r)) + [1] * len(r)) if left else ([1] * len(r) + [0] * (width - len(r))) for r in rows]
+    return torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.long)
+
+
+class GRPOSteps:
+    """``fit``'s ``rollout`` and ``loss_fn`` of a GRPO job (module docstring)."""
+
+    def __init__(
+        self,
+        session: Any,
+        spec: GRPOSpec,
+        rewards: Sequence[RewardFunction],
+        *,
+        weights: Sequence[float] | None = None,
+        rollout: RewardFunction | None = None,
+        reference: Any = None,
+    ) -> None:
+        self.session, self.spec, self.rewards = session, spec, list(rewards)
+        self.weights = torch.tensor(list(weights) if weights is not None else [1.0] * len(self.rewards))
+        self.rollout, self.reference = rollout, reference
+        tokenizer = session.tokenizer
+        self.tokenizer = tokenizer
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.eos_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        if spec.beta != 0.0 and reference is None:
+            raise ValueError("GRPO with beta > 0 needs the reference")
+
+    # -- the generation batch of one optimizer step --------------------------------------------------------------
+
+    def __call__(self, group: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+        """The micro-batches of one optimizer step from its prompts (``group``: this process's micro-batches of
+        records). Collective."""
+        records = [record for micro in group for record in micro]
+        prompts = [record["prompt"] for record in records]
+        prompt_ids, completion_ids = self._complete(records, prompts)
+        completions = self._decoded(completion_ids, prompts)
+        columns = {k: [r.get(k) for r in records] for k in records[0] if k not in ("prompt", "prompt_ids")}
+        local, failure = self._score(prompts, completions, completion_ids, columns)
+        truncated = [not ids or ids[-1] not in [*self.eos_ids, self.pad_id] for ids in completion_ids]
+        gathered = distributed.all_objects((local, failure, [len(c) for c in completion_ids], truncated))
+        failures = [(rank, f) for rank, (_, f, _, _) in enumerate(gathered) if f is not None]
+        if failures:
+            raise self._failed(*failures[0])
+        rewards_per_func = torch.tensor([row for rows, _, _, _ in gathered for row in rows], dtype=torch.float32)
+        lengths = [n for _, _, ns, _ in gathered for n in ns]
+        cut = [t for _, _, _, ts in gathered for t in ts]
+        advantages, metrics = self._advantages(rewards_per_func, lengths, cut)
+        start = self.session.rank * len(records)
+        return self._micro_batches(group, prompt_ids, completion_ids, truncated, advantages[start:start + len(records)],
+                                   metrics)  # fmt: skip
+
+    def _complete(self, records: list[dict[str, Any]], prompts: list[Any]) -> tuple[list[list[int]], list[list[int]]]:
+        """Each record's prompt tokens and its completion's, from the rollout function or the policy."""
+        prompt_ids = [list(r["prompt_ids"]) for r in records]
+        if self.rollout is None:
+            return prompt_ids, self._generate(prompt_ids)
+        name, function = self.rollout
+        try:
+            out = function(list(prompts))
+        except Exception as e:
+            raise FunctionError(f"the rollout function {name} raised {type(e).__name__}: {e}") from e
+        if isinstance(out, Mapping):
+            prompt_ids = [list(p) for p in out.get("prompt_ids", prompt_ids)]
+            out = out.get("completion_ids")
+        if not isinstance(out, Sequence) or isinstance(out, str) or len(out) != len(prompts):
+            got = f"{len(out)} completions" if isinstance(out, Sequence) else type(out).__name__
+            raise FunctionError(f"the rollout function {name} returned {got} for {len(prompts)} prompts "
+                                "(one completion per prompt: text or token ids)")  # fmt: skip
+        vocab = getattr(getattr(self.session.model, "config", None), "vocab_size", None)
+        ids = []
+        for i, c in enumerate(out):
+            row = list(self.tokenizer(text=c, add_special_tokens=False)["input_ids"]) if isinstance(c, str) else c
+            if (
+                not isinstance(row, Sequence)
+                or not row
+                or not all(isinstance(t, int) and 0 <= t < (vocab or 2**62) for t in row)
+            ):
+                raise FunctionError(f"the rollout function {name} returned {type(c).__name__} at {i}: expected a "
+                                    f"non-empty text or token ids below the vocabulary size {vocab}")  # fmt: skip
+            ids.append(list(row))
+        return prompt_ids, ids
+
+    def _generate(self, prompt_ids: list[list[int]]) -> list[list[int]]:
+        """The policy's completions (TRL's ``_generate_single_turn`` without vLLM): sampled with the spec's
+        generation options, everything after the first EOS dropped."""
+        ids, mask = _pad(prompt_ids, self.pad_id, left=True)
+        spec = self.spec
+        options = dict(max_new_tokens=spec.max_completion_length, do_sample=True, pad_token_id=self.pad_id,
+                       bos_token_id=self.tokenizer.bos_token_id, eos_token_id=self.eos_ids, temperature=spec.temperature,
+                       top_p=spec.top_p, top_k=spec.top_k, min_p=spec.min_p, repetition_penalty=spec.repetition_penalty)  # fmt: skip
+        session = self.session
+        gather = spec.ds3_gather_for_generation and session.run_facts.zero_stage == 3
+        with session.gathered() if gather else contextlib.nullcontext():
+            out = session.generate(ids.to(session.engine.device), mask.to(session.engine.device), **options)
+        completion = out[:, ids.shape[1] :].cpu()
+        rows = []
+        for row in completion.tolist():
+            end = next((i for i, t in enumerate(row) if t in self.eos_ids), len(row) - 1)
+            rows.append(row[: end + 1])
+        return rows
+
+    def _decoded(self, completion_ids: list[list[int]], prompts: list[Any]) -> list[Any]:
+        texts: list[str] = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+        if prompts and isinstance(prompts[0], list):
+            return [[{"role": "assistant", "content": text}] for text in texts]
+        return texts
+
+    def _score(
+        self, prompts: list[Any], completions: list[Any], completion_ids: list[list[int]], columns: dict[str, list[Any]]
+    ) -> tuple[list[list[float]], tuple[str, str] | None]:
+        """Every reward function's rewards of this process's completions (``None``: not scored, NaN as TRL), or the
+        first function that failed and how."""
+        rows = [[math.nan] * len(self.rewards) for _ in prompts]
+        for j, (name, function) in enumerate(self.rewards):
+            try:
+                out = function(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
+            except Exception as e:
+                return rows, (name, f"raised {type(e).__name__}: {e}")
+            if not isinstance(out, Sequence) or isinstance(out, str) or len(out) != len(prompts):
+                got = (
+                    f"{len(out)} rewards"
+                    if isinstance(out, Sequence) and not isinstance(out, str)
+                    else type(out).__name__
+                )
+                return rows, (name, f"returned {got} for {len(prompts)} completions (one reward per completion)")
+            for i, value in enumerate(out):
+                if value is None:
+                    continue
+                if not isinstance(value, Real) or isinstance(value, bool) or not math.isfinite(float(value)):
+                    return rows, (name, f"returned {value!r} for completion {i} (a finite number, or None: not scored)")
+                rows[i][j] = float(value)
+        return rows, None
+
+    def _failed(self, rank: int, failure: tuple[str, str]) -> FunctionError:
+        from ..outputs import manifest
+        from ..outputs.run_folder import RunFolder
+
+        name, what = failure
+        where = f" on rank {rank}" if self.session.world_size > 1 else ""
+        folder = RunFolder(self.session.output_dir).checkpoints if self.session.output_dir is not None else None
+        good = manifest.last_complete(folder) if folder is not None else None
+        saved = (
+            f"the last good checkpoint is {folder / good}" if folder is not None and good else "no checkpoint was saved"
+        )
+        step = self.session.global_step + 1
+        return FunctionError(f"the reward function {name} {what}{where}: training stopped before step {step} ({saved})")
+
+    def _advantages(
+        self, rewards_per_func: torch.Tensor, lengths: list[int], truncated: list[bool]
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Group advantages of the whole generation batch's rewards and what TRL logs of them
+        (``_generate_and_score_completions``)."""
+        unscorable = torch.isnan(rewards_per_func).all(dim=1)
+        rewards = (rewards_per_func * self.weights.unsqueeze(0)).nansum(dim=1)
+        rewards[unscorable] = torch.nan
+        spec = self.spec
+        advantages, std = advantages_and_std(rewards, spec.num_generations, scale_rewards=spec.scale_rewards)
+        metrics = {}
+        for j, (ref, _) in enumerate(self.rewards):
+            name = ref.rsplit(":", 1)[-1]  # TRL names a reward function by its __name__
+            metrics[f"rewards/{name}/mean"] = torch.nanmean(rewards_per_func[:, j]).item()
+            metrics[f"rewards/{name}/std"] = nanstd(rewards_per_func[:, j]).item()
+        metrics["reward"] = torch.nanmean(rewards).item()
+        metrics["reward_std"] = nanstd(rewards).item()
+        metrics["frac_reward_zero_std"] = torch.isclose(std, torch.zeros_like(std)).float().mean().item()
+        n = torch.tensor(lengths, dtype=torch.float32)
+        metrics["completions/mean_length"] = n.mean().item()
+        metrics["completions/min_length"] = n.min().item()
+        metrics["completions/max_length"] = n.max().item()
+        metrics["completions/clipped_ratio"] = torch.tensor(truncated, dtype=torch.float32).mean().item()
+        return advantages, metrics
+
+    def _micro_batches(
+        self,
+        group: list[list[dict[str, Any]]],
+        prompt_ids: list[list[int]],
+        completion_ids: list[list[int]],
+        truncated: list[bool],
+        advantages: torch.Tensor,
+        metrics: dict[str, float],
+    ) -> list[dict[str, Any]]:
+        """The generation batch as TRL lays it out (prompts left-padded and completions right-padded across the
+        whole batch), the reference's log-probs, then cut into ``fit``'s micro-batches in order."""
+        prompts, prompt_mask = _pad(prompt_ids, self.pad_id, left=True)
+        completions, completion_mask = _pad(completion_ids, self.pad_id, left=False)
+        if self.spec.mask_truncated_completions:
+            completion_mask = completion_mask * (~torch.tensor(truncated)).unsqueeze(1).long()
+        session = self.session
+        items = distributed.all_sum([float(completion_mask.sum())], session.engine.device)[0]
+        batch = {
+            "input_ids": torch.cat([prompts, completions], dim=1),
+            "attention_mask": torch.cat([prompt_mask, completion_mask], dim=1),
+            "completion_mask": torch.cat([torch.zeros_like(prompt_mask), completion_mask], dim=1),
+            "advantages": advantages,
+        }
+        if self.reference is not None:
+            with torch.no_grad():
+                batch["ref_logps"] = self.reference.logprobs(batch, completion_mask=batch["completion_mask"],
+                                                             temperature=self.spec.temperature).cpu()  # fmt: skip
+        out, start = [], 0
+        for micro in group:
+            rows = slice(start, start + len(micro))
+            start += len(micro)
+            out.append({**{k: v[rows] for k, v in batch.items()}, "num_items_in_batch": items, "metrics": metrics})
+        return out
+
+    # -- one micro-batch -------------------------------------------------------------------------------------------
+
+    def loss_fn(self, _engine: Any, batch: Mapping[str, Any]) -> dict[str, Any]:
+        """TRL's GRPO loss of one micro-batch and its metrics, scaled for ``fit``: DeepSpeed divides each
+        micro-batch's loss by the accumulation steps, where TRL's loss is already divided (``loss_is_scaled_for_ga``)
+        or normalised over the generation batch, so the loss here is TRL's times the accumulation steps."""
+        spec, session = self.spec, self.session
+        mask = batch["completion_mask"]
+        logps = session.logprobs(batch, completion_mask=mask, temperature=spec.temperature)
+        out = grpo_loss(
+            logps, None, batch["advantages"], mask.float(), ref_per_token_logps=batch.get("ref_logps"),
+            beta=spec.beta, epsilon_low=spec.epsilon_low, epsilon_high=spec.upper_epsilon, delta=spec.delta,
+            loss_type=spec.loss_type, importance_sampling_level=spec.importance_sampling_level,
+            use_bias_correction_kl=spec.use_bias_correction_kl, max_completion_length=spec.max_completion_length,
+            gradient_accumulation_steps=1, num_items_in_batch=batch["num_items_in_batch"],
+            num_processes=session.world_size, steps_per_generation=session.gradient_accumulation_steps,
+        )  # fmt: skip
+        return {"loss": out.loss, **out.metrics(), **batch["metrics"]}
