@@ -55,7 +55,11 @@ def load_function(ref: str, *, base_dir: Path | None, key: str, source: str | No
         raise ConfigError(Problem(key, message), source=source, checks=True) from None
     function = getattr(module, name, None)
     if function is None:
-        names = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+        names = sorted(
+            n
+            for n, v in vars(module).items()
+            if callable(v) and not n.startswith("_") and getattr(v, "__module__", None) == module.__name__
+        )
         hint = f"it defines {', '.join(names[:8])}" if names else None
         raise ConfigError(Problem(key, f"{module_name!r} has no {name!r}", hint), source=source, checks=True)
     if not callable(function):

@@ -149,11 +149,12 @@ def _task(c: Collector, data: Mapping[str, Any]) -> str:
     if task not in TASKS:
         c.problem("task", f"got {describe(task)}, expected one of {', '.join(map(repr, TASKS))}")
         return "sft"
-    for other, tables in TASK_TABLES.items():
-        for table in tables:
-            if other != task and table in data and table not in TASK_TABLES.get(task, ()):
-                c.problem(table, f"[{table}] is read by task = {other!r}; this job's task is {task!r}",
-                          f'set task = "{other}", or leave [{table}] out')  # fmt: skip
+    for table in dict.fromkeys(t for tables in TASK_TABLES.values() for t in tables):
+        if table in data and table not in TASK_TABLES.get(task, ()):
+            readers = [other for other, tables in TASK_TABLES.items() if table in tables]
+            by = " or ".join(f"task = {other!r}" for other in readers)
+            c.problem(table, f"[{table}] is read by {by}; this job's task is {task!r}",
+                      f'set task = "{readers[0]}", or leave [{table}] out')  # fmt: skip
     return str(task)
 
 

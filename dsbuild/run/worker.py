@@ -317,17 +317,23 @@ def job_functions(job: Job) -> tuple[list[tuple[str, Callable[..., Any]]], tuple
     """A GRPO job's reward functions and its rollout function (or ``None``), each with the name it is reported by,
     imported from the job file's folder first (``job.functions.load_function``: a job file that names a function
     runs that code). ``ConfigError`` at the key of one that cannot be found."""
+    from ..errors import ConfigError
     from ..job.functions import load_function
 
     assert job.rewards is not None and job.rollout is not None
-    base = Path(job.source).parent if job.source else None
-    rewards = [
-        (ref, load_function(ref, base_dir=base, key=f"rewards.functions[{i}]", source=job.source))
-        for i, ref in enumerate(job.rewards.functions)
-    ]
-    ref = job.rollout.function
-    rollout = (ref, load_function(ref, base_dir=base, key="rollout.function", source=job.source)) if ref else None
-    return rewards, rollout
+    base = Path(job.source).resolve().parent if job.source else None
+    wanted = [(ref, f"rewards.functions[{i}]") for i, ref in enumerate(job.rewards.functions)]
+    wanted += [(job.rollout.function, "rollout.function")] if job.rollout.function else []
+    found, problems = [], []
+    for ref, key in wanted:
+        try:
+            found.append((ref, load_function(ref, base_dir=base, key=key)))
+        except ConfigError as e:
+            problems.extend(e.problems)
+    if problems:
+        raise ConfigError(problems, checks=True)
+    rewards = found[: len(job.rewards.functions)]
+    return rewards, found[-1] if job.rollout.function else None
 
 
 def grpo_parts(job: Job, ready: Prepared) -> tuple[Any, Any]:

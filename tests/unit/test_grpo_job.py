@@ -1,0 +1,291 @@
+"""GRPO jobs before anything trains (issue 33): TRL's prompt order and its sharding over processes, the job's tables
+read and refused by their dotted keys, the functions a job names found (or named when they cannot be), prompt data
+checked, and the reward functions' answers judged as the run judges them."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trl.trainer.utils as trl_utils
+from hypothesis import assume, example, given, settings
+from hypothesis import strategies as st
+
+from dsbuild.errors import ConfigError
+from dsbuild.job import load_job
+from dsbuild.job.functions import load_function
+from dsbuild.job.rl import GRPOSpec
+
+pytestmark = pytest.mark.train  # held against TRL's RepeatSampler and Accelerate's sharding (torch's generator)
+
+GRPO = """
+    task = "grpo"
+    [model]
+    name_or_path = "org/model"
+    [data]
+    path = "prompts.jsonl"
+    format = "prompt"
+    [rewards]
+    functions = ["my_rewards:length"]
+    [training]
+    per_device_train_batch_size = 8
+    [strategy]
+    config = "zero3"
+"""
+
+REWARDS = """
+def length(completions, **_):
+    return [float(len(c)) for c in completions]
+
+def broken(completions, **_):
+    raise RuntimeError("the grader is down")
+
+not_a_function = 3
+"""
+
+
+def _write(tmp_path: Path, text: str, name: str = "job.toml", prompts: int = 8) -> Path:
+    (tmp_path / "prompts.jsonl").write_text(
+        "".join(json.dumps({"prompt": f"p{i}", "n": i}) + "\n" for i in range(prompts))
+    )
+    (tmp_path / "my_rewards.py").write_text(REWARDS)
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return path
+
+
+def _problems(path: Path, **overrides: Any) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        load_job(path, overrides)
+    return [str(p) for p in info.value.problems]
+
+
+# -- TRL's order -------------------------------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    prompts=st.integers(1, 40), generations=st.integers(1, 5), batch=st.integers(1, 6), repeat=st.integers(1, 3),
+    seed=st.integers(0, 2**31 - 1), epochs=st.integers(1, 3),
+)  # fmt: skip
+@example(prompts=7, generations=2, batch=3, repeat=2, seed=42, epochs=2)  # TRL's docstring's example, two epochs
+def test_the_prompt_order_is_trls_repeat_sampler(
+    prompts: int, generations: int, batch: int, repeat: int, seed: int, epochs: int
+) -> None:
+    """``prompt_order`` is TRL's ``RepeatSampler`` (one sampler iterated epoch after epoch, its generator going on)."""
+    from dsbuild.rl.rollouts import prompt_order
+
+    sampler = trl_utils.RepeatSampler(list(range(prompts)), mini_repeat_count=generations, batch_size=batch,
+                                      repeat_count=repeat, shuffle=True, seed=seed)  # fmt: skip
+    for epoch in range(epochs):
+        ours = prompt_order(prompts, num_generations=generations, batch_size=batch, repeat_count=repeat, seed=seed,
+                            epoch=epoch)  # fmt: skip
+        assert ours == list(sampler)
+        assert len(ours) == len(sampler)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    prompts=st.integers(1, 30), generations=st.integers(2, 4), per_device=st.integers(1, 4),
+    accumulation=st.integers(1, 3), world=st.integers(1, 3), seed=st.integers(0, 1000),
+)  # fmt: skip
+@example(prompts=8, generations=4, per_device=2, accumulation=2, world=2, seed=0)  # test_grpo_trl.py's 2-process run
+def test_each_process_generates_for_what_accelerate_hands_it_in_trls_loader(
+    prompts: int, generations: int, per_device: int, accumulation: int, world: int, seed: int
+) -> None:
+    """Each process's ``GenerationSampler`` indices are what TRL's data loader (batches of ``per_device ×
+    steps_per_generation`` over the ``RepeatSampler``) gives that process through Accelerate's ``BatchSamplerShard``
+    at each generation (the first of every ``steps_per_generation`` batches); the epoch's length is
+    ``GRPOSpec.completions``'s."""
+    from accelerate.data_loader import BatchSamplerShard
+    from torch.utils.data import BatchSampler
+
+    from dsbuild.rl.rollouts import GenerationSampler
+
+    generation_batch = per_device * world * accumulation
+    assume(generation_batch % generations == 0 and prompts >= generation_batch // generations)
+    spec = GRPOSpec(num_generations=generations)
+    for rank in range(world):  # each process's own sampler, seeded alike
+        repeat = trl_utils.RepeatSampler(list(range(prompts)), mini_repeat_count=generations,
+                                         batch_size=generation_batch // generations, repeat_count=accumulation,
+                                         shuffle=True, seed=seed)  # fmt: skip
+        batches = BatchSampler(repeat, batch_size=per_device * accumulation, drop_last=False)
+        theirs = [index for i, b in enumerate(BatchSamplerShard(batches, num_processes=world, process_index=rank))
+                  if i % accumulation == 0 for index in b]  # fmt: skip
+        ours = GenerationSampler(prompts, spec, per_device=per_device, accumulation=accumulation, world_size=world,
+                                 rank=rank, seed=seed)  # fmt: skip
+        assert list(ours) == theirs
+        assert len(ours) * world == spec.completions(prompts, per_device, world, accumulation)
+
+
+# -- the job file ------------------------------------------------------------------------------------------------
+
+
+def test_a_grpo_job_reads_its_tables_with_trls_defaults(tmp_path: Path) -> None:
+    """``task = "grpo"`` reads ``[rollout]`` (default the policy's generate), ``[rewards]`` and ``[grpo]`` (TRL's
+    GRPOConfig defaults), no reference with ``beta = 0``; a step is one generation batch of whole prompt groups."""
+    job = load_job(_write(tmp_path, GRPO))
+    assert job.task == "grpo" and job.reference is None and job.dpo is None
+    assert job.rollout is not None and (job.rollout.backend, job.rollout.function) == ("hf", None)
+    assert job.rewards is not None and job.rewards.functions == ("my_rewards:length",) and job.rewards.weights is None
+    assert job.grpo == GRPOSpec()
+    # 8 prompts, 8 completions per step: one prompt per step at TRL's default num_generations (8), 8 steps an epoch,
+    # 3 epochs (HF's default); two prompts per step at num_generations 4.
+    assert job.total_steps() == 24
+    assert load_job(_write(tmp_path, GRPO + "    [grpo]\n    num_generations = 4\n")).total_steps() == 12
+    kl = load_job(_write(tmp_path, GRPO + "    [grpo]\n    num_generations = 4\n    beta = 0.04\n    [reference]\n"))
+    assert kl.reference is not None and kl.reference.path is None
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (GRPO.replace("    [rewards]\n    functions = [\"my_rewards:length\"]\n", ""), "rewards: missing"),
+        (GRPO.replace('"my_rewards:length"', '"my_rewards.length"'), "rewards.functions[0]: got 'my_rewards.length'"),
+        (GRPO + "    [rewards.x]\n", "rewards.x: unknown"),
+        (GRPO.replace('["my_rewards:length"]', '["my_rewards:length"]\n    weights = [1, 2]'),
+         "rewards.weights: got 2 weights for 1 functions"),
+        (GRPO + "    [rollout]\n    backend = \"function\"\n", "rollout.function: missing"),
+        (GRPO + "    [rollout]\n    function = \"m:f\"\n", "rollout.function: not read with backend = \"hf\""),
+        (GRPO + "    [rollout]\n    backend = \"vllm\"\n", "rollout.backend: got 'vllm'"),
+        (GRPO + "    [grpo]\n    num_generations = 3\n", "grpo.num_generations: generation_batch_size (8) must be divisible"),
+        (GRPO + "    [grpo]\n    num_iterations = 2\n", "grpo.num_iterations: several optimisation passes"),
+        (GRPO + "    [grpo]\n    steps_per_generation = 2\n", "grpo.steps_per_generation: got 2"),
+        (GRPO + "    [grpo]\n    loss_type = \"ppo\"\n", "grpo.loss_type: got 'ppo'"),
+        (GRPO + "    [reference]\n", "reference: not used with grpo.beta = 0"),
+        (GRPO + "    [dpo]\n", "dpo: [dpo] is read by task = 'dpo'; this job's task is 'grpo'"),
+        (GRPO.replace('format = "prompt"', 'format = "alpaca"'), "data.format: got 'alpaca' for task = 'grpo'"),
+        (GRPO.replace('format = "prompt"', 'format = "prompt"\n    eval_path = "prompts.jsonl"'),
+         'data.eval_path: not read for task = "grpo" (a GRPO job does not evaluate)'),
+        (GRPO.replace('path = "prompts.jsonl"', 'path = "org/prompts"'), "data.path: org/prompts: a GRPO job reads"),
+        (GRPO.replace('task = "grpo"', 'task = "sft"').replace('format = "prompt"', 'format = "alpaca"'),
+         "rewards: [rewards] is read by task = 'grpo'; this job's task is 'sft'"),
+    ],
+)  # fmt: skip
+def test_bad_grpo_jobs_name_the_key(tmp_path: Path, text: str, expected: str) -> None:
+    """Each mistake of a GRPO job (or another job with GRPO's tables) is named by its dotted key."""
+    found = _problems(_write(tmp_path, text))
+    assert any(p.startswith(expected) for p in found), found
+
+
+def test_a_reference_table_is_read_by_dpo_and_grpo_and_named_once_for_sft(tmp_path: Path) -> None:
+    """``[reference]`` belongs to two tasks: an SFT job that has it gets one problem naming both."""
+    text = GRPO.replace('task = "grpo"', 'task = "sft"').replace('format = "prompt"', 'format = "alpaca"')
+    found = _problems(_write(tmp_path, text.replace('[rewards]\n    functions = ["my_rewards:length"]', "[reference]")))
+    assert [p for p in found if p.startswith("reference:")] == [
+        "reference: [reference] is read by task = 'dpo' or task = 'grpo'; this job's task is 'sft' "
+        '(set task = "dpo", or leave [reference] out)'
+    ]
+
+
+def test_the_functions_a_job_names_are_found_or_named(tmp_path: Path) -> None:
+    """A function is imported from the job file's folder; a missing module, a missing name, a module that fails to
+    import and a name that is not a function each fail its checks (exit 1) under the key, in one line."""
+    _write(tmp_path, GRPO)
+    (tmp_path / "bad_module.py").write_text("x = 1\nraise ValueError('no config')\n")
+    assert load_function("my_rewards:length", base_dir=tmp_path, key="k")(completions=["ab"]) == [2.0]
+    cases = {
+        "my_rewards:nope": "k: 'my_rewards' has no 'nope' (it defines broken, length)",
+        "no_such_module:f": "k: importing 'no_such_module' failed: ModuleNotFoundError",
+        "bad_module:f": "k: importing 'bad_module' failed: ValueError: no config (bad_module.py:2)",
+        "my_rewards:not_a_function": "k: my_rewards:not_a_function is int, not a function",
+        "my rewards": "k: got 'my rewards', expected 'module:function'",
+    }
+    for ref, expected in cases.items():
+        with pytest.raises(ConfigError) as info:
+            load_function(ref, base_dir=tmp_path, key="k")
+        assert info.value.fails_checks and str(info.value.problems[0]).startswith(expected), str(info.value)
+        assert "\n" not in str(info.value.problems[0])
+
+
+def test_the_preflight_names_every_function_that_cannot_be_found(tmp_path: Path) -> None:
+    """Before any process starts (``dsbuild validate``, ``dsbuild train``), every function the job names is looked
+    up and each one missing is reported, together."""
+    from dsbuild.run.worker import job_functions
+
+    text = GRPO.replace('["my_rewards:length"]', '["my_rewards:length", "my_rewards:nope", "gone:f"]')
+    text += '    [rollout]\n    backend = "function"\n    function = "my_rewards:broken"\n'
+    job = load_job(_write(tmp_path, text))
+    with pytest.raises(ConfigError) as info:
+        job_functions(job)
+    assert [p.path for p in info.value.problems] == ["rewards.functions[1]", "rewards.functions[2]"]
+
+
+# -- prompt data -------------------------------------------------------------------------------------------------
+
+
+def test_prompt_records_are_checked_as_trl_reads_them(tmp_path: Path) -> None:
+    """A record needs a prompt (text or messages); a field named as a reward function's own argument is refused;
+    standard and conversational prompts are not mixed; every bad record is named by its line."""
+    from dsbuild.data.prompts import prompt_ids, read_prompts
+
+    path = tmp_path / "p.jsonl"
+    lines = [{"prompt": "ok"}, {"text": "x"}, {"prompt": 3}, {"prompt": ""}, {"prompt": "a", "completion": "b"},
+             {"prompt": [{"role": "user"}]}]  # fmt: skip
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    with pytest.raises(ConfigError) as info:
+        read_prompts(path)
+    text = str(info.value)
+    for where in ("line 2", "line 3", "line 4", "line 5", "line 6"):
+        assert where in text, text
+    path.write_text(
+        json.dumps({"prompt": "a"}) + "\n" + json.dumps({"prompt": [{"role": "user", "content": "b"}]}) + "\n"
+    )
+    with pytest.raises(ConfigError, match="mixes text prompts and lists of messages"):
+        read_prompts(path)
+    from transformers import ByT5Tokenizer
+
+    tokenizer = ByT5Tokenizer()
+    assert prompt_ids({"prompt": "hi"}, tokenizer) == tokenizer(text="hi")["input_ids"]  # TRL's _tokenize_prompts
+
+
+# -- the reward functions' answers -------------------------------------------------------------------------------
+
+
+class _Tokenizer:
+    pad_token_id, eos_token_id, bos_token_id = 0, 1, None
+
+
+class _Session:
+    tokenizer = _Tokenizer()
+
+
+def _steps(*rewards: Any) -> Any:
+    from dsbuild.rl.rollouts import GRPOSteps
+
+    return GRPOSteps(_Session(), GRPOSpec(num_generations=2), [(f"m:f{i}", f) for i, f in enumerate(rewards)])
+
+
+@pytest.mark.parametrize(
+    ("reward", "expected"),
+    [
+        (lambda completions, **_: 1 / 0, "raised ZeroDivisionError: division by zero"),
+        (lambda completions, **_: [1.0], "returned 1 rewards for 2 completions"),
+        (lambda completions, **_: 1.0, "returned float for 2 completions"),
+        (lambda completions, **_: [1.0, float("nan")], "returned nan for completion 1"),
+        (lambda completions, **_: [1.0, "high"], "returned 'high' for completion 1"),
+    ],
+)
+def test_a_reward_function_that_fails_is_named_with_what_it_did(reward: Any, expected: str) -> None:
+    """Raising, the wrong number of rewards, a NaN or a non-number: the run stops naming the function (never a
+    silent zero); ``None`` is TRL's "not scored" (NaN, left out of the group's mean)."""
+    rows, failure = _steps(reward)._score(["p", "p"], ["a", "b"], [[3], [4]], {})
+    assert failure is not None and failure[0] == "m:f0" and failure[1].startswith(expected), failure
+    rows, failure = _steps(lambda completions, **_: [None, 2.0])._score(["p", "p"], ["a", "b"], [[3], [4]], {})
+    assert failure is None and str(rows) == "[[nan], [2.0]]"
+
+
+def test_reward_functions_get_trls_arguments() -> None:
+    """Called as TRL calls them: ``prompts``, ``completions``, ``completion_ids`` and each other field of the
+    records as a list, by name."""
+    seen: dict[str, Any] = {}
+
+    def reward(**kwargs: Any) -> list[float]:
+        seen.update(kwargs)
+        return [0.0, 1.0]
+
+    _steps(reward)._score(["p", "q"], ["a", "b"], [[3], [4]], {"n": [1, 2]})
+    assert seen == {"prompts": ["p", "q"], "completions": ["a", "b"], "completion_ids": [[3], [4]], "n": [1, 2]}
