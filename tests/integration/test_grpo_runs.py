@@ -1,0 +1,175 @@
+"""GRPO jobs as users run them (issue 33): the policy sampling its own completions under ZeRO-3 on 2 processes, a
+SIGTERM and ``--resume``, and reward functions that fail, each by ``dsbuild train`` in a process of its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dsbuild.errors import RunStopped
+from dsbuild.outputs import manifest
+from dsbuild.outputs.history import read as read_history
+
+pytestmark = [pytest.mark.slow, pytest.mark.train, pytest.mark.procs]
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "job_grpo.toml"
+
+REWARDS = '''
+import math
+import os
+
+CALLS = 0
+
+
+def length(completions, **_):
+    return [-abs(len(c) - 4) / 4 for c in completions]
+
+
+def failing(completions, **_):
+    """Fails as MODE says at its second call (the run's step 2), on the rank RANKS names."""
+    global CALLS
+    CALLS += 1
+    good = [float(len(c) % 3) for c in completions]
+    if CALLS < 2 or os.environ.get("RANK", "0") not in os.environ.get("FAIL_RANKS", "0").split(","):
+        return good
+    mode = os.environ["MODE"]
+    if mode == "raises":
+        raise KeyError("answer")
+    if mode == "length":
+        return good[:-1]
+    return [math.nan] + good[1:]
+'''
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", **extra}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    return env
+
+
+def _losses(out: Path) -> dict[int, float]:
+    if not (out / "history.jsonl").exists():
+        return {}
+    return {int(h["step"]): float(h["loss"]) for h in read_history(out / "history.jsonl") if h.get("loss") is not None}
+
+
+@pytest.fixture(scope="module")
+def eager_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """examples/job_grpo.toml's tiny Llama, with an EOS sampled often enough that completions take lengths from 1 to
+    12 tokens: the ranks finish generating at different lengths."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=4, vocab_size=384, max_position_embeddings=128)  # fmt: skip
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        model.lm_head.weight[1] += 1.0  # ByT5's </s>: its logit moved by the sum of the normalised features
+    path = tmp_path_factory.mktemp("grpo_base") / "base"
+    model.save_pretrained(path)
+    return path
+
+
+def _train(out: Path, *options: str, base: Path) -> list[str]:
+    """``dsbuild train`` of examples/job_grpo.toml with its model from ``base`` (a copy of the job beside ``out``)."""
+    text = EXAMPLE.read_text()
+    text = (
+        text[: text.index("[model.config]")]
+        + f"name_or_path = {json.dumps(str(base))}\n\n"
+        + text[text.index("[data]") :]
+    )
+    text = text.replace('"data/prompts.jsonl"', json.dumps(str(ROOT / "examples" / "data" / "prompts.jsonl")))
+    text = text.replace('"grpo_rewards:', '"grpo_rewards_copy:')
+    job = out.parent / f"{out.name}.toml"
+    job.write_text(text)
+    (out.parent / "grpo_rewards_copy.py").write_text((ROOT / "examples" / "grpo_rewards.py").read_text())
+    return [sys.executable, "-m", "dsbuild", "train", str(job), f"--set=training.output_dir={json.dumps(str(out))}",
+            "--set=training.save_steps=100", *options]  # fmt: skip
+
+
+TWO = ["--nproc-per-node", "2", "--set=training.max_steps=5", "--set=training.per_device_train_batch_size=4",
+       "--set=training.learning_rate=1e-5"]  # fmt: skip
+"""2 processes × 4 completions, 2 prompts per step (num_generations 4), the KL term on (beta 0.04: a reference)."""
+
+
+def test_a_sampled_grpo_job_on_two_processes_stops_on_sigterm_and_resumes_exactly(
+    tmp_path: Path, eager_base: Path
+) -> None:
+    """The policy samples its completions (``rollout.backend = "hf"``, ZeRO-3 gathered on each rank, ranks ending at
+    different lengths) on 2 processes: no hang; SIGTERM after step 2 saves a verified checkpoint and exits 75;
+    ``--resume`` samples the same completions (the RNG is in the checkpoint) and logs the uninterrupted run's losses."""
+    reference = tmp_path / "reference"
+    done = subprocess.run(_train(reference, *TWO, base=eager_base), capture_output=True, text=True, env=_env(),
+                          timeout=600, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = [r for r in read_history(reference / "history.jsonl") if "loss" in r]
+    assert len(records) == 5 and sum(r["completions/min_length"] < r["completions/max_length"] for r in records) >= 3
+    assert records[0]["kl"] == 0.0 and records[-1]["kl"] > 0.0
+
+    out = tmp_path / "stopped"
+    run = subprocess.Popen(_train(out, *TWO, base=eager_base), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, env=_env(), cwd=tmp_path)  # fmt: skip
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and len(_losses(out)) < 2 and run.poll() is None:
+        time.sleep(0.2)
+    run.send_signal(signal.SIGTERM)
+    _, err = run.communicate(timeout=300)
+    assert run.returncode == RunStopped.EXIT_CODE, err[-3000:]
+    stopped_at = max(_losses(out))
+    assert (
+        stopped_at < 5
+        and manifest.verify(out / "checkpoints" / f"global_step{stopped_at}")["global_step"] == stopped_at
+    )
+    resumed = subprocess.run(_train(out, *TWO, "--resume", base=eager_base), capture_output=True, text=True,
+                             env=_env(), timeout=600, cwd=tmp_path)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    got, expected = _losses(out), _losses(reference)
+    assert sorted(got) == [1, 2, 3, 4, 5]
+    assert [got[s] for s in range(stopped_at + 1, 6)] == pytest.approx(
+        [expected[s] for s in range(stopped_at + 1, 6)], rel=1e-5, abs=1e-7
+    )
+
+
+@pytest.mark.parametrize(
+    ("mode", "processes", "said"),
+    [
+        ("raises", 1, "the reward function failing_rewards:failing raised KeyError: 'answer'"),
+        ("length", 1, "the reward function failing_rewards:failing returned 7 rewards for 8 completions"),
+        ("nan", 1, "the reward function failing_rewards:failing returned nan for completion 0"),
+        ("raises", 2, "the reward function failing_rewards:failing raised KeyError: 'answer' on rank 1"),
+    ],
+)
+def test_a_reward_function_that_fails_stops_the_run_naming_it(
+    tmp_path: Path, eager_base: Path, mode: str, processes: int, said: str
+) -> None:
+    """A reward function that raises, returns the wrong number of rewards or a NaN at step 2 (on 2 processes: on
+    rank 1 only, the ranks generating in step under ZeRO-3, ``ds3_gather_for_generation = false``) ends the run with
+    exit 1 and one line naming it (and the rank), before step 2 trains; the checkpoint of step 1 verifies."""
+    (tmp_path / "failing_rewards.py").write_text(REWARDS)
+    out = tmp_path / "run"
+    options = ["--set=training.max_steps=4", "--set=training.save_steps=1", '--set=rewards.functions=["failing_rewards:failing"]',
+               "--set=rewards.weights=[1.0]", "--set=grpo.beta=0.0", f"--set=launch.nproc_per_node={processes}",
+               f"--set=training.per_device_train_batch_size={8 // processes}", "--set=grpo.ds3_gather_for_generation=false"]  # fmt: skip
+    env = _env(MODE=mode, FAIL_RANKS="1" if processes == 2 else "0", PYTHONPATH=str(tmp_path))
+    done = subprocess.run(_train(out, *options, base=eager_base), capture_output=True, text=True, env=env, timeout=600,
+                          cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 1, done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if said in line]
+    assert lines, done.stderr[-3000:]
+    assert "training stopped before step 2" in lines[0] and "global_step1" in lines[0], lines[0]
+    if processes == 1:
+        assert "Traceback" not in done.stderr
+    else:  # torchrun's own account of a failed run is shown too; dsbuild's lines say which rank and what
+        assert any(line.startswith("dsbuild: error: local rank 0 failed: FunctionError: " + said) for line in lines)
+    assert sorted(_losses(out)) == [1]
+    assert manifest.verify(out / "checkpoints" / "global_step1")["global_step"] == 1
