@@ -387,7 +387,8 @@ def dpo_checks(c: Collector, values: dict[str, Any], path: str, table: Mapping[s
 
 
 def rollout_checks(c: Collector, values: dict[str, Any], path: str, table: Mapping[str, Any]) -> None:
-    """``backend = "function"`` names its function (``module:function``); ``"hf"`` takes none."""
+    """``backend = "function"`` names its function (``module:function``), and maybe a weight sink; ``"hf"`` takes
+    neither."""
     backend, function = values.get("backend", "hf"), values.get("function")
     if backend == "function" and function is None:
         c.problem(
@@ -396,6 +397,12 @@ def rollout_checks(c: Collector, values: dict[str, Any], path: str, table: Mappi
     elif backend == "hf" and function is not None:
         c.problem(f"{path}.function", 'not read with backend = "hf" (the policy generates)', 'set backend = "function"')
     elif function is not None and (problem := function_ref_problem(f"{path}.function", function)) is not None:
+        c.problems.append(problem)
+    sink = values.get("weight_sink")
+    if sink is not None and backend == "hf":
+        c.problem(f"{path}.weight_sink", 'not read with backend = "hf" (the policy generates with its own weights)',
+                  'set backend = "function"')  # fmt: skip
+    elif sink is not None and (problem := function_ref_problem(f"{path}.weight_sink", sink)) is not None:
         c.problems.append(problem)
 
 

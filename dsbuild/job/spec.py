@@ -411,6 +411,10 @@ class RolloutSpec:
     """``"module:function"`` (``backend = "function"``): called with the prompts (one per completion), it returns the
     completions, as text or token ids (TRL's ``rollout_func``); the module is imported from the job file's folder or
     the Python path. A job file that names a function runs that code."""
+    weight_sink: str | None = _key(None, _typed("str"))
+    """``"module:function"`` (``backend = "function"``): called as ``sink(name, tensor)`` on every process with each
+    of the policy's full weights (HF names, LoRA merged), before each generation batch the policy has changed since:
+    how an external inference engine the rollout function calls gets the new weights (TRL's vLLM sync)."""
 
 
 @attrs.frozen

@@ -115,8 +115,10 @@ class GRPOSteps:
         weights: Sequence[float] | None = None,
         rollout: RewardFunction | None = None,
         reference: Any = None,
+        weight_sink: RewardFunction | None = None,
     ) -> None:
         self.session, self.spec, self.rewards = session, spec, list(rewards)
+        self.weight_sink, self.synced_at = weight_sink, -1
         self.weights = torch.tensor(list(weights) if weights is not None else [1.0] * len(self.rewards))
         self.rollout, self.reference = rollout, reference
         tokenizer = session.tokenizer
@@ -133,6 +135,7 @@ class GRPOSteps:
         records). Collective."""
         records = [record for micro in group for record in micro]
         prompts = [record["prompt"] for record in records]
+        self._sync_weights()
         prompt_ids, completion_ids = self._complete(records, prompts)
         completions = self._decoded(completion_ids, prompts)
         columns = {k: [r.get(k) for r in records] for k in records[0] if k not in ("prompt", "prompt_ids")}
@@ -149,6 +152,20 @@ class GRPOSteps:
         start = self.session.rank * len(records)
         return self._micro_batches(group, prompt_ids, completion_ids, truncated, advantages[start:start + len(records)],
                                    metrics)  # fmt: skip
+
+    def _sync_weights(self) -> None:
+        """The policy's full weights to the weight sink (``sink(name, tensor)`` on every process, one bucket gathered
+        at a time: ``stream_to``) before generating with weights it has not had yet (TRL's vLLM sync). Collective."""
+        if self.weight_sink is None or self.synced_at == self.session.global_step:
+            return
+        from ..session.weights import stream_to
+
+        name, sink = self.weight_sink
+        try:
+            stream_to(self.session, sink)
+        except Exception as e:  # noqa: BLE001 - the user's function: its error, named, in one line
+            raise FunctionError(f"the weight sink {name} raised {type(e).__name__}: {e}") from e
+        self.synced_at = self.session.global_step
 
     def _complete(self, records: list[dict[str, Any]], prompts: list[Any]) -> tuple[list[list[int]], list[list[int]]]:
         """Each record's prompt tokens and its completion's, from the rollout function or the policy."""

@@ -313,27 +313,33 @@ def dpo_parts(job: Job, ready: Prepared, say: Callable[[str], None]) -> tuple[Pr
     return attrs.evolve(ready, train=train, evaluation=evaluation), dpo_loss_fn(session, None, job.dpo)
 
 
-def job_functions(job: Job) -> tuple[list[tuple[str, Callable[..., Any]]], tuple[str, Callable[..., Any]] | None]:
-    """A GRPO job's reward functions and its rollout function (or ``None``), each with the name it is reported by,
-    imported from the job file's folder first (``job.functions.load_function``: a job file that names a function
-    runs that code). ``ConfigError`` at the key of one that cannot be found."""
+Named = tuple[str, Callable[..., Any]]
+"""A function a job names, with the name it is reported by (``module:function``)."""
+
+
+def job_functions(job: Job) -> dict[str, list[Named]]:
+    """A GRPO job's functions by table key: ``"rewards"`` (each reward function), ``"rollout"`` and
+    ``"weight_sink"`` (none or one each), imported from the job file's folder first (``job.functions.load_function``:
+    a job file that names a function runs that code). One ``ConfigError`` naming every one that cannot be found."""
     from ..errors import ConfigError
     from ..job.functions import load_function
 
     assert job.rewards is not None and job.rollout is not None
     base = Path(job.source).resolve().parent if job.source else None
-    wanted = [(ref, f"rewards.functions[{i}]") for i, ref in enumerate(job.rewards.functions)]
-    wanted += [(job.rollout.function, "rollout.function")] if job.rollout.function else []
-    found, problems = [], []
-    for ref, key in wanted:
+    wanted = [("rewards", ref, f"rewards.functions[{i}]") for i, ref in enumerate(job.rewards.functions)]
+    for name in ("function", "weight_sink"):
+        ref = getattr(job.rollout, name)
+        wanted += [("rollout" if name == "function" else name, ref, f"rollout.{name}")] if ref else []
+    found: dict[str, list[Named]] = {"rewards": [], "rollout": [], "weight_sink": []}
+    problems: list[Any] = []
+    for table, ref, key in wanted:
         try:
-            found.append((ref, load_function(ref, base_dir=base, key=key)))
+            found[table].append((ref, load_function(ref, base_dir=base, key=key)))
         except ConfigError as e:
             problems.extend(e.problems)
     if problems:
         raise ConfigError(problems, checks=True)
-    rewards = found[: len(job.rewards.functions)]
-    return rewards, found[-1] if job.rollout.function else None
+    return found
 
 
 def grpo_parts(job: Job, ready: Prepared) -> tuple[Any, Any]:
@@ -346,7 +352,7 @@ def grpo_parts(job: Job, ready: Prepared) -> tuple[Any, Any]:
 
     assert job.grpo is not None and job.rewards is not None
     session = ready.session
-    rewards, rollout = job_functions(job)
+    functions = job_functions(job)
     reference = None
     if job.grpo.beta != 0.0:
         where = job.reference
@@ -357,7 +363,8 @@ def grpo_parts(job: Job, ready: Prepared) -> tuple[Any, Any]:
                                 rank=session.rank, seed=job.training.seed)  # fmt: skip
     loader: DataLoader[Any] = DataLoader(ready.train, batch_size=session.micro_batch_size,  # type: ignore[arg-type]
                                          sampler=sampler, collate_fn=list)  # fmt: skip
-    steps = GRPOSteps(session, job.grpo, rewards, weights=job.rewards.weights, rollout=rollout, reference=reference)
+    steps = GRPOSteps(session, job.grpo, functions["rewards"], weights=job.rewards.weights, reference=reference,
+                      rollout=next(iter(functions["rollout"]), None), weight_sink=next(iter(functions["weight_sink"]), None))  # fmt: skip
     return loader, steps
 
 

@@ -173,3 +173,41 @@ def test_a_reward_function_that_fails_stops_the_run_naming_it(
         assert any(line.startswith("dsbuild: error: local rank 0 failed: FunctionError: " + said) for line in lines)
     assert sorted(_losses(out)) == [1]
     assert manifest.verify(out / "checkpoints" / "global_step1")["global_step"] == 1
+
+
+SINK = """
+import json
+import os
+
+SEEN = {}
+
+
+def complete(prompts):
+    return [[40 + (i % 7)] * (2 + i % 5) for i in range(len(prompts))]
+
+
+def sink(name, tensor):
+    SEEN[name] = float(tensor.double().sum())
+    if name == "lm_head.weight":  # the last weight: one sync done
+        with open(os.environ["SYNCS"], "a") as f:
+            f.write(json.dumps(SEEN) + "\\n")
+"""
+
+
+def test_a_weight_sink_gets_the_policys_weights_before_each_generation(tmp_path: Path, eager_base: Path) -> None:
+    """``rollout.weight_sink`` (an external inference engine's hook) gets every weight of the policy, by its HF name,
+    before each of the 3 steps' generation: the starting weights first, then each step's (they change)."""
+    from transformers import AutoModelForCausalLM
+
+    (tmp_path / "sink_functions.py").write_text(SINK)
+    out, syncs = tmp_path / "run", tmp_path / "syncs.jsonl"
+    options = ["--set=training.max_steps=3", '--set=rollout.backend="function"',
+               '--set=rollout.function="sink_functions:complete"', '--set=rollout.weight_sink="sink_functions:sink"']  # fmt: skip
+    done = subprocess.run(_train(out, *options, base=eager_base), capture_output=True, text=True, timeout=600,
+                          env=_env(SYNCS=str(syncs), PYTHONPATH=str(tmp_path)), cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = [json.loads(line) for line in syncs.read_text().splitlines()]
+    start = AutoModelForCausalLM.from_pretrained(eager_base).state_dict()
+    assert len(seen) == 3 and all(list(s) == list(start) for s in seen)
+    assert seen[0] == pytest.approx({k: float(v.double().sum()) for k, v in start.items()}, rel=1e-9)
+    assert seen[1] != seen[0] and seen[2] != seen[1]

@@ -151,6 +151,7 @@ def test_a_grpo_job_reads_its_tables_with_trls_defaults(tmp_path: Path) -> None:
         (GRPO + "    [rollout]\n    backend = \"function\"\n", "rollout.function: missing"),
         (GRPO + "    [rollout]\n    function = \"m:f\"\n", "rollout.function: not read with backend = \"hf\""),
         (GRPO + "    [rollout]\n    backend = \"vllm\"\n", "rollout.backend: got 'vllm'"),
+        (GRPO + "    [rollout]\n    weight_sink = \"m:f\"\n", "rollout.weight_sink: not read with backend = \"hf\""),
         (GRPO + "    [grpo]\n    num_generations = 3\n", "grpo.num_generations: generation_batch_size (8) must be divisible"),
         (GRPO + "    [grpo]\n    num_iterations = 2\n", "grpo.num_iterations: several optimisation passes"),
         (GRPO + "    [grpo]\n    steps_per_generation = 2\n", "grpo.steps_per_generation: got 2"),
@@ -212,6 +213,8 @@ def test_the_preflight_names_every_function_that_cannot_be_found(tmp_path: Path)
     with pytest.raises(ConfigError) as info:
         job_functions(job)
     assert [p.path for p in info.value.problems] == ["rewards.functions[1]", "rewards.functions[2]"]
+    found = job_functions(load_job(_write(tmp_path, GRPO.replace('["my_rewards:length"]', '["my_rewards:length"]'))))
+    assert [name for name, _ in found["rewards"]] == ["my_rewards:length"] and not found["rollout"]
 
 
 # -- prompt data -------------------------------------------------------------------------------------------------
