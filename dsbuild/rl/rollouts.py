@@ -163,7 +163,7 @@ class GRPOSteps:
         name, sink = self.weight_sink
         try:
             stream_to(self.session, sink)
-        except Exception as e:  # noqa: BLE001 - the user's function: its error, named, in one line
+        except Exception as e:
             raise FunctionError(f"the weight sink {name} raised {type(e).__name__}: {e}") from e
         self.synced_at = self.session.global_step
 
