@@ -146,6 +146,8 @@ def _plan(args: argparse.Namespace) -> int:
             # A micro-batch of DPO is its pairs' chosen and rejected rows, each up to [dpo] max_length tokens.
             facts.update(seq_len=job.dpo.max_length or facts["seq_len"], reference=not job.reference.precompute,
                          micro_batch=2 * job.training.per_device_train_batch_size)  # fmt: skip
+        if job.task == "grpo" and job.grpo is not None:  # a KL term (beta > 0) keeps a reference beside the policy
+            facts.update(reference=job.grpo.beta != 0.0)
     given = {
         "gpus_per_node": args.gpus_per_node,
         "nodes": args.nodes,

@@ -198,3 +198,26 @@ def test_plan_counts_a_dpo_jobs_reference(capsys: pytest.CaptureFixture[str], tm
     alone = next(r for r in precomputed["rows"] if r["stage"] == 0)
     assert stage0["gpu_bytes_per_device"] - alone["gpu_bytes_per_device"] == 2 * with_reference["params"]
     assert any(note.startswith("reference model") for note in planned("--reference")["notes"])
+
+
+def test_plan_counts_a_grpo_jobs_reference_only_with_a_kl_term(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """--model on a task = "grpo" job counts a reference when [grpo] beta > 0 (the KL term's), none at TRL's default
+    beta = 0."""
+    job = tmp_path / "job.toml"
+    text = (
+        'task = "grpo"\n[model]\ntokenizer = "byte"\n[model.config]\nmodel_type = "llama"\nhidden_size = 64\n'
+        'intermediate_size = 128\nnum_hidden_layers = 2\nnum_attention_heads = 4\nvocab_size = 384\n[data]\npath = "prompts.jsonl"\n'
+        'format = "prompt"\n[rewards]\nfunctions = ["r:f"]\n[training]\nper_device_train_batch_size = 8\n'
+        '[strategy]\nconfig = "zero2"\n'
+    )
+    (tmp_path / "prompts.jsonl").write_text('{"prompt": "a"}\n')
+
+    def notes(extra: str) -> list[str]:
+        job.write_text(text + extra)
+        assert main(["plan", "--model", str(job), "--json"]) == 0
+        return list(json.loads(capsys.readouterr().out)["notes"])
+
+    assert not any(n.startswith("reference model") for n in notes(""))
+    assert any(n.startswith("reference model") for n in notes("[grpo]\nbeta = 0.04\n"))
