@@ -1,6 +1,6 @@
 """``python -m dsbuild``: the ``dsbuild`` command."""
 
-from .cli import main
+from .cli import entry
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    entry()

@@ -13,6 +13,7 @@ Each command is an ``add_<name>(commands)`` function in one of the modules
 from __future__ import annotations
 
 import argparse
+import atexit
 import errno
 import io
 import os
@@ -29,7 +30,7 @@ from .output import error, escape_lines, report, show_logs
 from .tools import add_checkpoints, add_doctor, add_plan
 from .train import add_train
 
-__all__ = ["main"]
+__all__ = ["entry", "main"]
 
 Handler: TypeAlias = Callable[[argparse.Namespace], int]
 
@@ -110,3 +111,18 @@ def _parser() -> argparse.ArgumentParser:
     for add in COMMANDS:
         add(commands)
     return parser
+
+
+def entry() -> None:
+    """The ``dsbuild`` executable (and ``python -m dsbuild``): ``main``, then the process ends with its code.
+
+    After a command that imported torch (a run, a plan of a model), the interpreter's own teardown of torch's
+    module graph takes a second or two on a small machine: the exit handlers run (temporary folders, logging), the
+    streams are flushed, and the process ends without it. Other commands end as usual."""
+    code = main()
+    if "torch" not in sys.modules:
+        raise SystemExit(code)
+    atexit._run_exitfuncs()  # what the interpreter's exit would run first: weakref finalizers, logging.shutdown
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,7 +1,9 @@
 """The loss plot of a run (``loss.png``): drawn from its history file, in a short-lived child process.
 
 The training process never imports matplotlib: the figure is drawn by ``python -c`` reading the history
-file the run wrote, so the plotting library's memory is never added to the run's peak.
+file the run wrote, so the plotting library's memory is never added to the run's peak. ``Plotter`` starts that
+child when the run starts, so it imports matplotlib while the run builds its model, and the plot at the end costs
+only the drawing.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 from ..errors import MissingDependencyError
 from .history import read
 
-__all__ = ["plot_file", "plot_in_child", "plot_loss"]
+__all__ = ["Plotter", "plot_file", "plot_in_child", "plot_loss"]
 
 
 def plot_loss(history: Sequence[dict[str, Any]], path: Path, *, title: str = "") -> Path:
@@ -60,7 +62,14 @@ _CHILD = """
 import json, sys
 from pathlib import Path
 from dsbuild.outputs.plot import plot_file
-a = json.load(sys.stdin)
+try:
+    import matplotlib.backends.backend_agg, matplotlib.figure  # while the run starts, before it asks
+except ImportError:
+    pass
+text = sys.stdin.read()
+if not text:
+    sys.exit(0)  # the run ended without asking for a plot
+a = json.loads(text)
 try:
     plot_file(Path(a["history"]), Path(a["png"]), a["title"])
 except Exception as e:  # one line back to the run: the plot is never worth failing it
@@ -70,14 +79,55 @@ except Exception as e:  # one line back to the run: the plot is never worth fail
 
 def plot_in_child(history: Path, png: Path, *, title: str = "") -> str | None:
     """Draw ``png`` from ``history`` in a child process; ``None`` when written, else why not (one line)."""
-    request = json.dumps({"history": str(history), "png": str(png), "title": title})
-    try:
-        done = subprocess.run(
-            [sys.executable, "-c", _CHILD], input=request, capture_output=True, text=True, timeout=300, check=False
-        )
-    except (OSError, subprocess.SubprocessError) as e:
-        return str(e)
-    if done.returncode == 0:
-        return None
-    lines = done.stderr.strip().splitlines()
-    return lines[-1] if lines else f"the plotting process exited with {done.returncode}"
+    with Plotter() as plotter:
+        return plotter.draw(history, png, title=title)
+
+
+class Plotter:
+    """The plotting child, started now (it imports matplotlib meanwhile) and asked once (``draw``); leaving the
+    ``with`` block without asking ends it."""
+
+    def __init__(self) -> None:
+        self.child: subprocess.Popen[str] | None = None
+        self.why_not: str | None = None
+        try:
+            self.child = subprocess.Popen(
+                [sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE, text=True,
+            )  # fmt: skip
+        except OSError as e:
+            self.why_not = str(e)
+
+    def __enter__(self) -> Plotter:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def draw(self, history: Path, png: Path, *, title: str = "") -> str | None:
+        """Draw ``png`` from ``history``; ``None`` when written, else why not (one line)."""
+        if self.child is None:
+            return self.why_not or "the plotting process was not started"
+        request = json.dumps({"history": str(history), "png": str(png), "title": title})
+        child, self.child = self.child, None
+        try:
+            _, err = child.communicate(input=request, timeout=300)
+        except (OSError, subprocess.SubprocessError) as e:
+            child.kill()
+            child.wait()
+            return str(e)
+        if child.returncode == 0:
+            return None
+        lines = err.strip().splitlines()
+        return lines[-1] if lines else f"the plotting process exited with {child.returncode}"
+
+    def close(self) -> None:
+        """End the child if it was never asked (its stdin closed: it leaves)."""
+        child, self.child = self.child, None
+        if child is None:
+            return
+        try:
+            child.communicate(input="", timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            child.kill()
+            child.wait()

@@ -21,6 +21,7 @@ are imported by the functions that need them. What is worth telling goes to the
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -38,7 +39,7 @@ from ..job import BYTE_TOKENIZER, Job
 from ..outputs import history
 from ..outputs.history import read as read_history
 from ..outputs.manifest import candidates, fingerprint, read_latest, sha256_file
-from ..outputs.plot import plot_in_child
+from ..outputs.plot import Plotter
 from ..outputs.run_folder import RunFolder
 from ..resolve.schedule import job_steps, steps_between
 from .model import build_tokenizer, model_source, vocab_size
@@ -206,9 +207,10 @@ def run(
     was resumed, what the data lost) go to the ``dsbuild`` logger, from rank 0. Guarding the output folder
     is the launcher's (``dsbuild.outputs.run_folder``). ``hooks``: what a launcher other than torchrun adds.
     """
-    from ..session.distributed import quiet_old_names
+    from ..session import distributed
 
-    with quiet_old_names():
+    # Rank 0's plotting child imports matplotlib while the model is built; it draws loss.png at the end.
+    with distributed.quiet_old_names(), Plotter() if distributed.rank() == 0 else contextlib.nullcontext() as plotter:
         return _run(
             job,
             resume=resume or resume_from is not None,
@@ -216,6 +218,7 @@ def run(
             terminate_on_nan=terminate_on_nan,
             data=data,
             hooks=hooks or Hooks(),
+            plotter=plotter,
         )
 
 
@@ -380,9 +383,8 @@ def _task_parts(job: Job, ready: Prepared, say: Callable[[str], None]) -> tuple[
     return ready, ready.train, None, None
 
 
-def _run(
-    job: Job, *, resume: bool, tag: str | None, terminate_on_nan: bool, data: Datasets | None, hooks: Hooks
-) -> RunResult:
+def _run(job: Job, *, resume: bool, tag: str | None, terminate_on_nan: bool, data: Datasets | None, hooks: Hooks,
+         plotter: Plotter | None) -> RunResult:  # fmt: skip
     from ..session import distributed
 
     ready = prepare(job, data)
@@ -449,8 +451,8 @@ def _run(
     lora = job.model.lora
     session.save_model(merge_lora=lora is not None and lora.merge)  # HF format, or the LoRA adapters; collective
 
-    if main_process:
-        why_not = plot_in_child(history_file, folder.loss_plot, title=_title(job))
+    if plotter is not None:
+        why_not = plotter.draw(history_file, folder.loss_plot, title=_title(job))
         if why_not:
             say(f"{folder.loss_plot.name} not written: {why_not}")
     records = read_history(history_file) if history_file.is_file() else []
