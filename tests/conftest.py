@@ -3,7 +3,7 @@ train or check.
 
 Markers (``pyproject.toml``): ``engine`` (starts a DeepSpeed engine in the test's process), ``procs`` (starts other
 processes: ``dsbuild`` commands, torchrun, Ray), ``slow`` (a long run) and ``train`` (needs the training extra:
-torch, DeepSpeed, transformers; ``engine`` implies it). The fast loop is ``pytest -m "not engine and not procs"``
+torch, DeepSpeed, transformers; ``engine`` implies it). The fast loop is ``pytest -m "not engine and not procs and not slow"``
 (README, Development). A test that starts an engine or a process without its marker fails, saying which marker to
 add, so the fast loop stays fast: the guard counts ``DeepSpeedEngine`` and ``subprocess.Popen`` starts, passing every
 call through (a compiler DeepSpeed runs is not a process a test starts). A config-only install (``pip install dsbuild``, no torch) runs the rest and skips the ``train`` and

@@ -24,7 +24,7 @@ from trl.trainer.dpo_trainer import DataCollatorForPreference, DPOTrainer
 
 from dsbuild.data.preference import check_pair, collate_pairs, tokenize_pairs
 
-pytestmark = pytest.mark.train
+pytestmark = [pytest.mark.train, pytest.mark.slow]  # ~26 s of TRL's preparation over generated pairs
 
 TEMPLATES = chat_templates()
 

@@ -25,7 +25,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from strategies import DataCase, chat_templates, data_cases, trl_examples
 
-pytestmark = [pytest.mark.train]
+pytestmark = [pytest.mark.train, pytest.mark.slow]  # ~110 s of TRL's preparation over generated records
 
 from dsbuild.data import load  # noqa: E402
 from dsbuild.data.batching import collate  # noqa: E402
