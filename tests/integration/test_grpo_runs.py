@@ -67,12 +67,11 @@ def eager_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """examples/job_grpo.toml's tiny Llama, with an EOS sampled often enough that completions take lengths from 1 to
     12 tokens: the ranks finish generating at different lengths."""
     import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from _session_common import tiny_llama
+    from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=4, vocab_size=384, max_position_embeddings=128)  # fmt: skip
-    model = AutoModelForCausalLM.from_config(config)
+    model = AutoModelForCausalLM.from_config(tiny_llama(max_position_embeddings=128))
     with torch.no_grad():
         model.lm_head.weight[1] += 1.0  # ByT5's </s>: its logit moved by the sum of the normalised features
     path = tmp_path_factory.mktemp("grpo_base") / "base"

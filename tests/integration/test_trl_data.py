@@ -122,13 +122,10 @@ def _tokenizer() -> Any:
 
 
 def _trl_rows(name: str, packing: str | None, loss: dict[str, bool], max_length: int) -> Any:
+    from _session_common import tiny_llama
     from datasets import Dataset
 
-    model = transformers.LlamaForCausalLM(
-        transformers.LlamaConfig(
-            vocab_size=384, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2
-        )
-    )
+    model = transformers.LlamaForCausalLM(tiny_llama())  # only its config is read: the data are prepared, not trained
     args = trl.SFTConfig(
         output_dir=tempfile.mkdtemp(),
         report_to=[],

@@ -65,10 +65,9 @@ def _trl_rows(case: DataCase) -> Any:
     from datasets import Dataset
 
     if not _MODEL:
-        config = transformers.LlamaConfig(
-            vocab_size=384, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2
-        )
-        _MODEL.append(transformers.LlamaForCausalLM(config))
+        from _session_common import tiny_llama
+
+        _MODEL.append(transformers.LlamaForCausalLM(tiny_llama()))  # the data are prepared, not trained
     args = trl.SFTConfig(
         output_dir=tempfile.mkdtemp(),
         report_to=[],

@@ -294,11 +294,11 @@ def test_split_and_wrapped_packing_lose_no_token() -> None:
 def test_packed_samples_do_not_attend_to_each_other(tok: Any) -> None:
     """A packed batch gives a Llama the same logits per sample as the samples alone: the boundaries hold."""
     torch = pytest.importorskip("torch")
+    from _session_common import tiny_llama
+
     from dsbuild.data import collate
 
-    config = transformers.LlamaConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=384
-    )
+    config = tiny_llama(max_position_embeddings=2048)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").train()
     alone = [{"input_ids": ids(text), "labels": ids(text)} for text in ("first sample", "the second", "3rd")]
