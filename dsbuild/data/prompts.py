@@ -6,7 +6,7 @@ column but ``prompt``, ``completion`` and ``completion_ids``).
 
 Tokenizing (``prompt_ids``, TRL's ``_tokenize_prompts``): a standard prompt is the tokenizer's call on the text
 (special tokens added as the tokenizer adds them); a conversational one is rendered with the chat template and the
-generation prompt.
+generation prompt (``data.chat_template``, else the tokenizer's, else dsbuild's fallback template, as for SFT data).
 """
 
 from __future__ import annotations
@@ -70,6 +70,10 @@ def prompt_ids(record: Mapping[str, Any], tokenizer: Any, chat_template: str | N
     """The prompt's tokens, as TRL's ``_tokenize_prompts`` makes them (module docstring)."""
     prompt = record["prompt"]
     if isinstance(prompt, list):
+        if chat_template is None and not getattr(tokenizer, "chat_template", None):
+            from ..job.formats import FALLBACK_CHAT_TEMPLATE
+
+            chat_template = FALLBACK_CHAT_TEMPLATE
         template = {"chat_template": chat_template} if chat_template is not None else {}
         rendered = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True,
                                                  **template)  # fmt: skip

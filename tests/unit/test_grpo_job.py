@@ -243,6 +243,12 @@ def test_prompt_records_are_checked_as_trl_reads_them(tmp_path: Path) -> None:
 
     tokenizer = ByT5Tokenizer()
     assert prompt_ids({"prompt": "hi"}, tokenizer) == tokenizer(text="hi")["input_ids"]  # TRL's _tokenize_prompts
+    from dsbuild.job.formats import FALLBACK_CHAT_TEMPLATE
+
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    rendered = tokenizer.apply_chat_template(messages, chat_template=FALLBACK_CHAT_TEMPLATE, add_generation_prompt=True,
+                                             tokenize=True, return_dict=True)["input_ids"]  # fmt: skip
+    assert prompt_ids({"prompt": messages}, tokenizer) == list(rendered)  # no template of its own: the fallback
 
 
 # -- the reward functions' answers -------------------------------------------------------------------------------
