@@ -85,7 +85,7 @@ def plot_in_child(history: Path, png: Path, *, title: str = "") -> str | None:
 
 class Plotter:
     """The plotting child, started now (it imports matplotlib meanwhile) and asked once (``draw``); leaving the
-    ``with`` block without asking ends it."""
+    ``with`` block without asking kills it."""
 
     def __init__(self) -> None:
         self.child: subprocess.Popen[str] | None = None
@@ -122,12 +122,13 @@ class Plotter:
         return lines[-1] if lines else f"the plotting process exited with {child.returncode}"
 
     def close(self) -> None:
-        """End the child if it was never asked (its stdin closed: it leaves)."""
+        """End the child at once if it was never asked: a run that stops or fails leaves without waiting for it
+        (torchrun ends the ranks still running once one has left)."""
         child, self.child = self.child, None
         if child is None:
             return
-        try:
-            child.communicate(input="", timeout=30)
-        except (OSError, subprocess.SubprocessError):
-            child.kill()
-            child.wait()
+        child.kill()
+        child.wait()
+        for stream in (child.stdin, child.stderr):
+            if stream is not None:
+                stream.close()
