@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Final
 from ..errors import ConfigError, Problem
 from ..job.formats import FIELDS as FORMAT_FIELDS
 from ..job.rl import TRUNCATION_MODES, DPOSpec
-from .records import NOTHING_TO_LEARN, Checker, Record, iter_records
+from .records import NOTHING_TO_LEARN, Record, read_checked
 from .tokens import common_prefix_length
 
 if TYPE_CHECKING:
@@ -80,17 +80,7 @@ def check_pair(record: Any) -> tuple[Record | None, str | None]:
 
 def read_pairs(path: str | Path) -> list[Record]:
     """The checked preference records of a JSON array or JSON Lines file; every bad one reported at once."""
-    checker = Checker("preference")
-    records: list[Record] = []
-    wheres: list[str] = []
-    for where, record in iter_records(Path(path)):
-        wheres.append(where)
-        checked, problem = check_pair(record)
-        checker.add(problem)
-        if checked is not None:
-            records.append(checked)
-    checker.raise_if_bad(str(path), wheres.__getitem__)
-    return records
+    return read_checked(path, "preference", check_pair)
 
 
 def extract_prompt(record: Mapping[str, Any]) -> Record:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, Problem
-from .records import NOTHING_TO_LEARN, Checker, Record, iter_records
+from .records import NOTHING_TO_LEARN, Record, read_checked
 
 if TYPE_CHECKING:
     from ..job.spec import DataSpec
@@ -50,16 +50,7 @@ def check_prompt(record: Any) -> tuple[Record | None, str | None]:
 def read_prompts(path: str | Path) -> list[Record]:
     """The checked records of a JSON array or JSON Lines file of prompts; every bad one reported at once. Standard
     and conversational prompts are not mixed in one file (TRL reads a dataset as one or the other)."""
-    checker = Checker("prompt")
-    records: list[Record] = []
-    wheres: list[str] = []
-    for where, record in iter_records(Path(path)):
-        wheres.append(where)
-        checked, problem = check_prompt(record)
-        checker.add(problem)
-        if checked is not None:
-            records.append(checked)
-    checker.raise_if_bad(str(path), wheres.__getitem__)
+    records = read_checked(path, "prompt", check_prompt)
     if len({isinstance(r["prompt"], str) for r in records}) > 1:
         message = f"{path}: mixes text prompts and lists of messages (TRL reads a dataset as one or the other)"
         raise ConfigError(Problem("data.path", message))

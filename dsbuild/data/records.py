@@ -38,6 +38,7 @@ __all__ = [
     "json_lines_where",
     "no_sample_left",
     "prompt_of",
+    "read_checked",
     "read_records",
 ]
 
@@ -286,6 +287,23 @@ def read_records(
     for where, record in iter_records(Path(path)):
         wheres.append(where)
         checked = checker.check(record)
+        if checked is not None:
+            records.append(checked)
+    checker.raise_if_bad(str(path), wheres.__getitem__)
+    return records
+
+
+def read_checked(path: str | Path, fmt: str, check: Callable[[Any], tuple[Record | None, str | None]]) -> list[Record]:
+    """The records of a JSON array or JSON Lines file that ``check`` accepts (``(record, None)`` or ``(None, what is
+    wrong)``); every bad one reported at once, by its line (``Checker``). The reader of DPO's pairs and GRPO's
+    prompts."""
+    checker = Checker(fmt)
+    records: list[Record] = []
+    wheres: list[str] = []
+    for where, record in iter_records(Path(path)):
+        wheres.append(where)
+        checked, problem = check(record)
+        checker.add(problem)
         if checked is not None:
             records.append(checked)
     checker.raise_if_bad(str(path), wheres.__getitem__)
