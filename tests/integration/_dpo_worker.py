@@ -23,6 +23,8 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 import torch
 
+from dsbuild.session.distributed import free_port
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 sys.path.insert(0, str(EXAMPLES))
 
@@ -65,7 +67,7 @@ def run_trl(base: Path, out: Path, ds_config: Path, sampling: str = "sequential"
 
     for key, value in {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}.items():
         os.environ.setdefault(key, value)
-    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
     args = DPOConfig(
         output_dir=str(out / "trl"), deepspeed=str(ds_config), per_device_train_batch_size=MICRO,
         gradient_accumulation_steps=ACCUMULATION, learning_rate=LR, weight_decay=0.0, lr_scheduler_type="constant",

@@ -24,6 +24,8 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 import torch
 
+from dsbuild.session.distributed import free_port
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _grpo_functions
@@ -60,7 +62,7 @@ def run_trl(
 
     for key, value in {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}.items():
         os.environ.setdefault(key, value)
-    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
     args = GRPOConfig(
         output_dir=str(out / "trl"), deepspeed=str(ds_config), per_device_train_batch_size=micro,
         gradient_accumulation_steps=accumulation, learning_rate=LR, weight_decay=0.0, lr_scheduler_type="constant",

@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 import torch
 
+from dsbuild.session.distributed import free_port
+
 pytestmark = [pytest.mark.slow, pytest.mark.train, pytest.mark.procs]  # each side trains in a process of its own
 
 HERE = Path(__file__).resolve().parent
@@ -61,7 +63,9 @@ def run(side: str, data: Path, out: Path, accumulation: int, processes: int = 1)
         env.pop(key, None)
     argv = [str(WORKER), side, str(data), str(out), f"--accumulation={accumulation}", f"--processes={processes}"]
     if processes > 1:
-        argv = ["-m", "torch.distributed.run", f"--nproc-per-node={processes}", "--master-port=29533", *argv]
+        argv = ["-m", "torch.distributed.run", f"--nproc-per-node={processes}", f"--master-port={free_port()}", *argv]
+    else:
+        env["MASTER_PORT"] = str(free_port())  # a port of its own: another test may run beside it (pytest -n 2)
     done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
     result: dict[str, Any] = json.loads((out / "result.json").read_text())
