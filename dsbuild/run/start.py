@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import subprocess
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -92,6 +93,11 @@ class LaunchPlan:
         """The plan for the job file ``job`` (``None``: the packaged demo) with ``options``; ``ConfigError`` for options
         that cannot be used together (usage: exit 2) and for a job that cannot be read."""
         path = Path(job) if job is not None else demo_job_path()
+        if "pyarrow" not in sys.modules:
+            # The data a run tokenizes is allocated with the C library's malloc, in this process and the ranks (they
+            # inherit it), unless the variable is set: pyarrow's own pool (jemalloc) keeps the pages it once used for
+            # the whole run, about 4 MiB of a tiny job's peak (benchmarks/README.md, start-up).
+            os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
         if options.backend == "ray":  # before the job is read: the install to fix first
             require("dsbuild train --backend ray", "ray", extra="ray")
         loaded = load_job(job, dict(parse_set(text) for text in options.sets))
