@@ -249,6 +249,17 @@ def _wait_for_step(out: Path, child: subprocess.Popen[str], step: int) -> None:
         time.sleep(0.2)
 
 
+def _listening(port: int) -> bool:
+    """Whether a process of this machine listens on TCP ``port`` (read from /proc: no connection is made)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                    return True
+    return False
+
+
 def _last_checkpoint_verifies(out: Path) -> None:
     last = manifest.last_complete(out / "checkpoints")
     assert last is not None
@@ -365,12 +376,11 @@ def test_an_elastic_run_goes_on_with_the_nodes_that_are_left(tmp_path: Path) -> 
     and torchrun agent are SIGKILLed. Its worker, left without a launcher, stops at the next step, where every worker
     saves; the first node's agent restarts its worker at world size 1, which resumes from that checkpoint through a
     universal checkpoint and finishes: exit 0, no worker left behind."""
-    from dsbuild.session.distributed import free_port
-
     out = tmp_path / "out"
+    port = free_port()
     argv = [
         "train", "--nnodes", "1:2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
-        "--master-port", str(free_port()), "--max-restarts", "2",
+        "--master-port", str(port), "--max-restarts", "2",
         *sets(max_steps=10, save_steps=20, logging_steps=1, bf16=False, ddp_timeout=60, output_dir=str(out)),
     ]  # fmt: skip
 
@@ -382,7 +392,11 @@ def test_an_elastic_run_goes_on_with_the_nodes_that_are_left(tmp_path: Path) -> 
         )  # fmt: skip
 
     first = launch_node("first")
-    time.sleep(2)  # the first node hosts the rendezvous
+    # The first node's agent hosts the rendezvous (its store): the second starts once it listens, else the second
+    # could host it (a loaded machine starts the first slowly) and take it away when it is killed.
+    deadline = time.monotonic() + 300
+    while not _listening(port) and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
     second = launch_node("second")
     try:
         _wait_for_step(out, first, 3)
