@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -37,8 +39,8 @@ WEIGHTS = textwrap.dedent(
     from dsbuild.run.worker import prepare
     run, overrides = Path(sys.argv[1]), json.loads(sys.argv[2])
     session = prepare(load_job(demo_job_path(), overrides)).session
-    position = session.load_checkpoint(tag="global_step4")
-    saved = load_file(run / "model" / "model.safetensors")  # what the 2-process run exported at step 4
+    position = session.load_checkpoint(tag="global_step8")
+    saved = load_file(run / "model" / "model.safetensors")  # what the 2-process run exported at its end, step 8
     worst, compared = 0.0, 0
     for name, p in session.engine.module.named_parameters():
         with deepspeed.zero.GatheredParameters([p]):
@@ -71,6 +73,32 @@ def _assert_continues(resumed: dict[int, float], uninterrupted: dict[int, float]
         assert resumed[step] == pytest.approx(uninterrupted[step], rel=1e-5, abs=1e-6), (step, resumed, uninterrupted)
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """The folder of 8 uninterrupted steps on 2 processes at a ZeRO stage (``"zero2"``, ``"zero3"``), every checkpoint
+    kept: one run per stage for the whole module, which the tests copy and never change."""
+    made: dict[str, Path] = {}
+
+    def run(stage: str) -> Path:
+        if stage not in made:
+            out = tmp_path_factory.mktemp(stage) / "uninterrupted"
+            done = _train(out, 2, 8, f"--set=strategy.config='{stage}'", "--set=training.save_total_limit=10")
+            assert done.returncode == 0, done.stderr[-3000:]
+            made[stage] = out
+        return made[stage]
+
+    return run
+
+
+def _stopped_after_step_4(uninterrupted: Path, run: Path) -> Path:
+    """A copy of ``uninterrupted`` as if the run had stopped right after its step-4 checkpoint."""
+    shutil.copytree(uninterrupted, run)
+    for later in ("global_step6", "global_step8"):
+        shutil.rmtree(run / "checkpoints" / later)
+    (run / "checkpoints" / "latest").write_text("global_step4")
+    return run
+
+
 @pytest.mark.parametrize(
     ("stage", "before", "after"),
     [
@@ -82,32 +110,37 @@ def _assert_continues(resumed: dict[int, float], uninterrupted: dict[int, float]
     ids=["zero3-2-to-1", "zero3-1-to-2", "zero2-2-to-1", "zero2-1-to-2"],
 )
 def test_a_resume_at_another_world_size_continues_the_run(
-    tmp_path: Path, stage: str, before: tuple[int, list[str]], after: tuple[int, list[str]]
+    tmp_path: Path,
+    uninterrupted: Callable[[str], Path],
+    stage: str,
+    before: tuple[int, list[str]],
+    after: tuple[int, list[str]],
 ) -> None:
     """4 steps on one world size, --resume to 8 on the other: converted once, verified, and the losses of steps 5-8
-    equal (fp32) those of 8 uninterrupted steps on the first world size."""
+    equal (fp32) those of 8 uninterrupted steps on 2 processes (the run itself, when it started on 2)."""
     preset = f"--set=strategy.config='{stage}'"
     (nproc, args), (nproc_after, args_after) = before, after
-    reference = _train(tmp_path / "reference", nproc, 8, preset, *args)
-    assert reference.returncode == 0, reference.stderr[-3000:]
+    reference = uninterrupted(stage)
     run = tmp_path / "run"
-    first = _train(run, nproc, 4, preset, *args)
-    assert first.returncode == 0, first.stderr[-3000:]
+    if nproc == 2:
+        _stopped_after_step_4(reference, run)
+    else:
+        first = _train(run, nproc, 4, preset, *args)
+        assert first.returncode == 0, first.stderr[-3000:]
     resumed = _train(run, nproc_after, 8, preset, *args_after, resume=True)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     said = resumed.stdout + resumed.stderr
     assert f"global_step4 was saved by {nproc} process(es)" in said and "universal checkpoint" in said, said[-3000:]
     assert "resumed 128 samples into its epoch" in said  # 4 steps x 32 samples: none trained twice, none skipped
-    _assert_continues(_losses(run), _losses(tmp_path / "reference"))
+    _assert_continues(_losses(run), _losses(reference))
     assert verify(run / "checkpoints" / "global_step8")["run"]["world_size"] == nproc_after
 
 
-def test_the_resumed_weights_are_the_saved_ones(tmp_path: Path) -> None:
+def test_the_resumed_weights_are_the_saved_ones(tmp_path: Path, uninterrupted: Callable[[str], Path]) -> None:
     """A 2-process ZeRO-3 checkpoint loaded by Session.load_checkpoint in 1 process: every weight equals what the run
     exported at that step, the data position is carried over in samples, and the universal form verifies."""
     run = tmp_path / "run"
-    first = _train(run, 2, 4)
-    assert first.returncode == 0, first.stderr[-3000:]
+    shutil.copytree(uninterrupted("zero3"), run)
     overrides = {"training.output_dir": str(run), "training.bf16": False, "training.gradient_accumulation_steps": 2}
     env = {**os.environ, "DS_ACCELERATOR": "cpu"}
     loaded = subprocess.run(
@@ -116,9 +149,9 @@ def test_the_resumed_weights_are_the_saved_ones(tmp_path: Path) -> None:
     )  # fmt: skip
     assert loaded.returncode == 0, loaded.stderr[-3000:]
     result = json.loads(loaded.stdout.strip().splitlines()[-1])
-    assert result["step"] == 4 and result["compared"] > 0 and result["worst"] == 0.0, result
-    assert result["batch"] == 8  # 4 steps x 2 micro-batches of 16 on 1 process = 128 samples
-    universal = verify(run / "checkpoints" / "global_step4" / "universal")  # every file hashed
+    assert result["step"] == 8 and result["compared"] > 0 and result["worst"] == 0.0, result
+    assert result["batch"] == 16  # 8 steps x 2 micro-batches of 16 on 1 process = 256 samples
+    universal = verify(run / "checkpoints" / "global_step8" / "universal")  # every file hashed
     assert universal["run"]["world_size"] == 2 and any(name.startswith("zero/") for name in universal["files"])
 
 
