@@ -12,6 +12,7 @@ import json
 import math
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -130,40 +131,16 @@ def test_every_format_and_file_type_trains(tmp_path: Path) -> None:
             assert math.isfinite(session.evaluate(data.evaluation, collate_fn=collate)["eval_loss"])
 
 
-def chat_job(tmp_path: Path, **data: Any) -> Path:
+def chat_job(tiny_job: Callable[..., Path], tmp_path: Path, **data: Any) -> Path:
+    """conftest's tiny job on chat records (``messages.jsonl``), ``data`` added to ``[data]``: 4 steps, evaluated
+    every 2, trained into ``tmp_path / "run"``."""
     write(tmp_path, "messages", "jsonl")
-    extra = "".join(f"{key} = {json.dumps(value)}\n" for key, value in data.items())
-    job = tmp_path / "chat.toml"
-    job.write_text(
-        f"""
-[model]
-tokenizer = "byte"
-[model.config]
-model_type = "llama"
-hidden_size = 64
-intermediate_size = 128
-num_hidden_layers = 2
-num_attention_heads = 4
-vocab_size = 384
-max_position_embeddings = 128
-[data]
-path = "messages.jsonl"
-format = "messages"
-max_length = 128
-{extra}
-[training]
-output_dir = "{tmp_path / "run"}"
-per_device_train_batch_size = 4
-learning_rate = 3e-3
-max_steps = 4
-save_steps = 4
-eval_steps = 2
-logging_steps = 1
-[strategy]
-config = "zero2"
-"""
-    )
-    return job
+    return tiny_job(
+        data={"path": "messages.jsonl", "format": "messages", "max_length": 128, **data},
+        training={"output_dir": str(tmp_path / "run"), "learning_rate": 3e-3, "max_steps": 4, "save_steps": 4,
+                  "eval_steps": 2, "logging_steps": 1},
+        name="chat.toml",
+    )  # fmt: skip
 
 
 def env(tmp_path: Path, **more: str) -> dict[str, str]:
@@ -174,9 +151,11 @@ def env(tmp_path: Path, **more: str) -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_a_packed_chat_job_with_a_held_out_split_trains_and_evaluates(tmp_path: Path) -> None:
+def test_a_packed_chat_job_with_a_held_out_split_trains_and_evaluates(
+    tmp_path: Path, tiny_job: Callable[..., Path]
+) -> None:
     """`dsbuild train` on chat records, packed, 25 % held out: the note says what was packed, evaluation is logged."""
-    job = chat_job(tmp_path, packing=True, eval_split=0.25)
+    job = chat_job(tiny_job, tmp_path, packing=True, eval_split=0.25)
     done = subprocess.run(
         [sys.executable, "-m", "dsbuild", "train", str(job)],
         capture_output=True,
@@ -201,9 +180,11 @@ def test_a_packed_chat_job_with_a_held_out_split_trains_and_evaluates(tmp_path: 
 
 
 @pytest.mark.slow
-def test_the_first_rank_of_a_node_tokenizes_and_the_other_reads_its_cache(tmp_path: Path) -> None:
+def test_the_first_rank_of_a_node_tokenizes_and_the_other_reads_its_cache(
+    tmp_path: Path, tiny_job: Callable[..., Path]
+) -> None:
     """Two ranks started by torchrun without the launcher's preflight: only rank 0 runs the map."""
-    job = chat_job(tmp_path)
+    job = chat_job(tiny_job, tmp_path)
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
         "--tee", "3", "-m", "dsbuild.cli.rank", str(job),
