@@ -74,13 +74,11 @@ def save(out: Path, losses: list[float], weights: dict[str, Any]) -> None:
 def run_hf(data: Path, out: Path, accumulation: int) -> None:
     from transformers import Trainer, TrainingArguments
 
-    for key, value in {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "LOCAL_RANK": "0"}.items():
-        os.environ.setdefault(key, value)
-    os.environ.setdefault("WORLD_SIZE", "1")
-    if "MASTER_PORT" not in os.environ:
-        from dsbuild.session.distributed import free_port
+    from dsbuild.session.distributed import free_port
 
-        os.environ["MASTER_PORT"] = str(free_port())
+    for key, value in {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}.items():
+        os.environ.setdefault(key, value)
+    os.environ.setdefault("MASTER_PORT", str(free_port()))  # a port of its own: another test may run beside it
     config_path = out / "ds_config.json"
     out.mkdir(parents=True, exist_ok=True)
     config_path.write_text(json.dumps(ds_config(accumulation, 1)))

@@ -64,8 +64,6 @@ def run(side: str, data: Path, out: Path, accumulation: int, processes: int = 1)
     argv = [str(WORKER), side, str(data), str(out), f"--accumulation={accumulation}", f"--processes={processes}"]
     if processes > 1:
         argv = ["-m", "torch.distributed.run", f"--nproc-per-node={processes}", f"--master-port={free_port()}", *argv]
-    else:
-        env["MASTER_PORT"] = str(free_port())  # a port of its own: another test may run beside it (pytest -n 2)
     done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
     result: dict[str, Any] = json.loads((out / "result.json").read_text())

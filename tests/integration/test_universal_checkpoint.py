@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from dsbuild.outputs.history import cut_after
 from dsbuild.outputs.history import read as read_history
 from dsbuild.outputs.manifest import verify
 
@@ -91,11 +92,13 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], P
 
 
 def _stopped_after_step_4(uninterrupted: Path, run: Path) -> Path:
-    """A copy of ``uninterrupted`` as if the run had stopped right after its step-4 checkpoint."""
+    """A copy of ``uninterrupted`` as if the run had stopped right after its step-4 checkpoint: the later checkpoints
+    and history records gone, so steps 5-8 in the copy's history can only come from the resumed run."""
     shutil.copytree(uninterrupted, run)
     for later in ("global_step6", "global_step8"):
         shutil.rmtree(run / "checkpoints" / later)
     (run / "checkpoints" / "latest").write_text("global_step4")
+    cut_after(run / "history.jsonl", 4)
     return run
 
 
