@@ -197,7 +197,8 @@ SHUTDOWN_SECONDS: Final = 300
 
 def torchrun_command(job_path: Path, nodes: Nodes, log_dir: Path, run_args: Sequence[str]) -> list[str]:
     """The torchrun command line that starts this node's ranks of ``python -m dsbuild.cli.rank JOB RUN_ARGS``."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nodes.nproc)]
+    # torchrun's agent, whose process ends with its run (dsbuild.cli.agent says why).
+    cmd = [sys.executable, "-m", "dsbuild.cli.agent", "--nproc-per-node", str(nodes.nproc)]
     if nodes.elastic:
         endpoint = f"{nodes.master_addr or '127.0.0.1'}:{nodes.master_port or DEFAULT_MASTER_PORT}"
         cmd += ["--nnodes", f"{nodes.min_nodes}:{nodes.nnodes}", "--rdzv-backend", "c10d"]

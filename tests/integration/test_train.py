@@ -260,6 +260,12 @@ def _listening(port: int) -> bool:
     return False
 
 
+def _said(folder: Path, out: Path) -> str:
+    """The tail of what the launchers in ``folder`` and the ranks of the run in ``out`` wrote: why a run hung."""
+    files = [*sorted(folder.glob("*.err")), *sorted((out / "logs" / "torchrun").rglob("*.log"))]
+    return "\n".join(f"== {f}\n" + f.read_text(errors="replace")[-3000:] for f in files if f.is_file())
+
+
 def _last_checkpoint_verifies(out: Path) -> None:
     last = manifest.last_complete(out / "checkpoints")
     assert last is not None
@@ -373,9 +379,10 @@ def test_two_nodes_without_a_shared_disk(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_an_elastic_run_goes_on_with_the_nodes_that_are_left(tmp_path: Path) -> None:
     """Two nodes' launchers of one elastic run (--nnodes 1:2) on this machine; after step 3 the second node's launcher
-    and torchrun agent are SIGKILLed. Its worker, left without a launcher, stops at the next step, where every worker
-    saves; the first node's agent restarts its worker at world size 1, which resumes from that checkpoint through a
-    universal checkpoint and finishes: exit 0, no worker left behind."""
+    is SIGKILLed. Its torchrun agent, which dies with it (SIGTERM), stops its worker, which saves with every worker at
+    the next step, and ends (so the rendezvous no longer waits for it); the first node's agent restarts its worker at
+    world size 1, which resumes from that checkpoint through a universal checkpoint and finishes: exit 0, no worker
+    and no agent left behind."""
     out = tmp_path / "out"
     port = free_port()
     argv = [
@@ -385,8 +392,9 @@ def test_an_elastic_run_goes_on_with_the_nodes_that_are_left(tmp_path: Path) -> 
     ]  # fmt: skip
 
     def launch_node(name: str) -> subprocess.Popen[str]:
+        # LOGLEVEL: torchrun's agent logs its rendezvous rounds (out/logs/torchrun), read when the test fails.
         return subprocess.Popen(
-            [sys.executable, "-m", "dsbuild", *argv], cwd=tmp_path, env=fresh_env(), text=True,
+            [sys.executable, "-m", "dsbuild", *argv], cwd=tmp_path, env=fresh_env(LOGLEVEL="INFO"), text=True,
             stdout=open(tmp_path / f"{name}.out", "w"), stderr=open(tmp_path / f"{name}.err", "w"),
             start_new_session=True,
         )  # fmt: skip
@@ -401,9 +409,13 @@ def test_an_elastic_run_goes_on_with_the_nodes_that_are_left(tmp_path: Path) -> 
     try:
         _wait_for_step(out, first, 3)
         orphan = _rank_pid(0, under=second.pid)
+        agent = _ancestors(orphan)[0] if orphan is not None else None  # the second node's torchrun agent
         assert orphan is not None and first.poll() is None and second.poll() is None
-        os.killpg(second.pid, signal.SIGKILL)  # the second node's launcher and agent: its worker is left alone
-        first.wait(timeout=600)
+        os.killpg(second.pid, signal.SIGKILL)  # the second node's launcher: its agent and worker are in other sessions
+        try:
+            first.wait(timeout=420)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the first node's run did not end in 420 s:\n{_said(tmp_path, out)}")
     finally:
         for p in (first, second):
             with contextlib.suppress(ProcessLookupError):
@@ -416,4 +428,5 @@ def test_an_elastic_run_goes_on_with_the_nodes_that_are_left(tmp_path: Path) -> 
     assert [h["step"] for h in train_records(read_history(out / "history.jsonl"))] == list(range(1, 11))
     assert manifest.verify(out / "checkpoints" / "global_step10")["run"]["world_size"] == 1
     time.sleep(1)
-    assert not Path(f"/proc/{orphan}").exists() or "dsbuild.cli.rank" not in Path(f"/proc/{orphan}/cmdline").read_text()
+    for pid, what in ((orphan, "dsbuild.cli.rank"), (agent, "dsbuild.cli.agent")):
+        assert not Path(f"/proc/{pid}").exists() or what not in Path(f"/proc/{pid}/cmdline").read_text(), what

@@ -4,6 +4,8 @@ environment it is given, and where ``dsbuild train`` takes each node value from 
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -321,6 +323,20 @@ def test_an_elastic_run_meets_at_a_c10d_rendezvous_and_restarts() -> None:
     assert Template(template).safe_substitute(rank=1, local_rank=0, role_name="default") == "[rank1]:"
     fixed = launch.torchrun_command(Path("job.toml"), Nodes(2, 2, 1, "10.0.0.1"), Path("logs"), [])
     assert "--max-restarts" not in fixed and "--node-rank" in fixed
+    assert command[1:3] == fixed[1:3] == ["-m", "dsbuild.cli.agent"]  # torchrun's agent, ended with its run
+
+
+@pytest.mark.procs
+def test_the_agents_process_ends_with_its_run_not_with_its_threads() -> None:
+    """torchrun's agent (dsbuild.cli.agent) ends once its run is over, with the run's code and its output flushed, even
+    while a thread it left (a log tailer nothing stopped) still runs: a node whose launcher was killed must not stay
+    in the rendezvous, where the other nodes of an elastic run would wait for it."""
+    script = (
+        "import threading, time; from dsbuild.cli import agent; "
+        "threading.Thread(target=time.sleep, args=(600,)).start(); print('said', flush=False); agent._exit(3)"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)  # not 600 s
+    assert (done.returncode, done.stdout) == (3, "said\n")
 
 
 def test_node_counts_are_n_or_min_max() -> None:
