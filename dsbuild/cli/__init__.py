@@ -13,7 +13,6 @@ Each command is an ``add_<name>(commands)`` function in one of the modules
 from __future__ import annotations
 
 import argparse
-import atexit
 import errno
 import io
 import os
@@ -26,7 +25,7 @@ from ..errors import ConfigError, DsbuildError, FunctionError, NonFiniteLossErro
 from ..version import VERSION
 from .args import Commands
 from .configs import add_explain, add_export, add_presets, add_schema, add_show, add_validate
-from .output import error, escape_lines, report, show_logs
+from .output import end_process, error, escape_lines, report, show_logs
 from .tools import add_checkpoints, add_doctor, add_plan
 from .train import add_train
 
@@ -122,7 +121,4 @@ def entry() -> None:
     code = main()
     if "torch" not in sys.modules:
         raise SystemExit(code)
-    atexit._run_exitfuncs()  # what the interpreter's exit would run first: weakref finalizers, logging.shutdown
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    end_process(code)

@@ -10,11 +10,11 @@ so the other nodes of an elastic run wait for it, forever, instead of going on w
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import os
 import sys
 from collections.abc import Sequence
+
+from .output import end_process
 
 __all__ = ["main"]
 
@@ -38,19 +38,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _exit(code: int) -> None:
-    """End the agent with ``code``: the exit handlers run and the streams are flushed, but no thread is waited for."""
-    with contextlib.suppress(Exception):
-        atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(code)
-
-
 if __name__ == "__main__":
     code = 1
     try:
         code = main()
     finally:
-        _exit(code)
+        end_process(code)  # no thread waited for (see above)

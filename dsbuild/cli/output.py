@@ -9,9 +9,13 @@ escape, never crash.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import logging
+import os
 import re
 import sys
+import threading
 from typing import TYPE_CHECKING, Any, Final
 
 from ..errors import ConfigError, DsbuildError, Problem
@@ -19,7 +23,9 @@ from ..errors import ConfigError, DsbuildError, Problem
 if TYPE_CHECKING:
     from ..validate import Diagnostic
 
-__all__ = ["counts", "error", "escape", "escape_lines", "out", "plural", "report", "show_logs", "warning"]
+__all__ = [
+    "counts", "end_process", "error", "escape", "escape_lines", "out", "plural", "report", "show_logs", "warning",
+]  # fmt: skip
 
 
 def escape(text: str) -> str:
@@ -127,3 +133,25 @@ def counts(errors: int, warnings: int) -> str:
 
 def plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def end_process(code: int, *, wait_for_threads: bool = False) -> None:
+    """End this process with ``code`` once what it wrote is out, without the interpreter's finalization: the exit
+    handlers run (temporary folders, logging's flush, a W&B run's upload) and the streams are flushed (a stream whose
+    reader is gone is passed over), then ``os._exit``. ``wait_for_threads`` first waits for the threads that are not
+    daemons, as Python's exit does (a writer finishing a file); without it a thread left running ends with the process.
+
+    Used where finalization costs or fails: the ``dsbuild`` executable after torch (its module graph takes seconds
+    to tear down), each rank (C++ threads left by gloo or DeepSpeed's ops can abort it there: "terminate called
+    without an active exception"), torchrun's agent (a log-tailing thread it leaves would keep it, and its rendezvous
+    keep-alive, going: ``dsbuild.cli.agent``)."""
+    if wait_for_threads:
+        shutdown = getattr(threading, "_shutdown", None)
+        if callable(shutdown):
+            shutdown()
+    with contextlib.suppress(Exception):
+        atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)

@@ -22,7 +22,7 @@ from ..job import load_job
 from ..run.launch import STOPPED_MARK
 from ..run.worker import run
 from ..session.loop import LAUNCHER_PID
-from .output import error, escape, escape_lines, show_logs
+from .output import end_process, error, escape, escape_lines, show_logs
 
 __all__ = ["main"]
 
@@ -121,23 +121,7 @@ def ray_worker(config: dict[str, Any]) -> None:
     run_worker(config)
 
 
-def _exit(code: int) -> None:
-    """End this worker with ``code`` once everything is written, without the interpreter's finalization: C++ threads left
-    by gloo or DeepSpeed's ops can abort it there ("terminate called without an active exception", seen once in a
-    2-process run here after its model was saved), which torchrun would report as a failed run."""
-    import atexit
-    import threading
-
-    # What Python does at exit before finalizing, in its order: wait for the threads that are not daemons (a writer
-    # finishing a file), then the exit handlers (logging's flush, a W&B run's upload).
-    shutdown = getattr(threading, "_shutdown", None)
-    if callable(shutdown):
-        shutdown()
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 if __name__ == "__main__":
-    _exit(main())
+    # Without the interpreter's finalization, where C++ threads left by gloo or DeepSpeed's ops can abort it ("terminate
+    # called without an active exception", seen once after a model was saved), which torchrun would report as a failure.
+    end_process(main(), wait_for_threads=True)
