@@ -179,6 +179,62 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     return (yield from _held(item))
 
 
+# -- DeepSpeed's ops, built before the tests ------------------------------------------------------------------------
+
+SUITE_OPS = ("FusedAdamBuilder", "ShareMemCommBuilder", "CPUAdamBuilder")
+"""The ops the engine and process tests load on the CPU accelerator: Adam, the shared-memory collectives of
+``init_distributed`` and CPU Adam (offload)."""
+
+_LOAD_OPS = """
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from deepspeed.accelerator import get_accelerator
+from dsbuild.session.cpu_features import install
+install()
+accelerator = get_accelerator()
+if accelerator.device_name() == "cpu":  # each build is a compiler process: side by side in threads
+    with ThreadPoolExecutor(len(sys.argv) - 1) as pool:
+        list(pool.map(lambda op: accelerator.create_op_builder(op).load(verbose=False), sys.argv[1:]))
+"""
+
+
+def _selects(config: pytest.Config, *markers: str) -> bool:
+    """Whether ``-m`` (if given) selects a test marked with ``markers``, ``train`` besides."""
+    from _pytest.mark.expression import Expression
+
+    given = config.option.markexpr
+    if not given:
+        return True
+    marks = {*markers, "train"}
+    return bool(Expression.compile(given).evaluate(lambda name, **kwargs: name in marks))
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Before any test (and before xdist's workers start): DeepSpeed's CPU ops built, in one process, side by side.
+
+    torch builds an op in a shared folder (``~/.cache/torch_extensions``) and rebuilds it whenever the include paths
+    differ (another checkout's ``.venv``): a build started by the first test that loads the op holds every test that
+    loads it, in both workers, for a minute or more. Built, each load here is a second or two. Not for the fast loop,
+    nor without the training extra; a build that fails is left to the tests that need it, which say why."""
+    config = session.config
+    if MISSING or "PYTEST_XDIST_WORKER" in os.environ or config.option.collectonly:
+        return
+    if not (_selects(config, "engine") or _selects(config, "procs")):
+        return
+    import time
+
+    started = time.monotonic()
+    built = subprocess.run([sys.executable, "-c", _LOAD_OPS, *SUITE_OPS], capture_output=True, text=True)
+    took = time.monotonic() - started
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and (took > 10 or built.returncode):
+        last = (built.stderr.strip().splitlines() or ["no output"])[-1]
+        failed = f"; failed (the tests that load them will say why): {last}"
+        reporter.write_line(
+            f"DeepSpeed's ops built before the tests in {took:.0f} s" + (failed if built.returncode else "")
+        )
+
+
 @pytest.fixture
 def tiny_job(tmp_path: Path) -> Callable[..., Path]:
     """A writer of a small valid job in ``tmp_path``: the tiny Llama, the demo's arithmetic data copied to
