@@ -142,24 +142,11 @@ def test_demo_job_trains_writes_every_output_and_resumes(tmp_path: Path) -> None
 
 
 @pytest.mark.slow
-def test_two_nodes_on_one_machine(tmp_path: Path) -> None:
-    """Two launches of `dsbuild train --nnodes 2`, node ranks 0 and 1, meeting at 127.0.0.1: one run of 2 processes."""
-    out = tmp_path / "nodes"
-    port = str(free_port())
-    argv = sets(max_steps=4, save_steps=2, output_dir=str(out))
-    flags = ["--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", port]
-    results = train_on_two_nodes(tmp_path, argv, lambda rank: ([*flags, "--node-rank", str(rank)], {}))
-    assert results[1][0].splitlines()[-1] == f"node 1: done; node 0 has the outputs in {out}"
-    assert results[0][0].splitlines()[-4] == f"checkpoints  {out}/checkpoints  (latest: global_step4)"
-    assert json.loads((out / "ds_config.json").read_text())["train_batch_size"] == 16 * 2
-    assert (out / "checkpoints" / "global_step4" / "dsbuild_rank1.json").is_file()  # rank 1 lives on node 1
-    assert [h["step"] for h in train_records(read_history(out / "history.jsonl"))] == [1, 2, 3, 4]
-
-
-@pytest.mark.slow
 def test_two_nodes_of_a_slurm_job(tmp_path: Path) -> None:
-    """The same two launches with no node flags, inside a simulated Slurm job of two nodes (what `srun` sets for
-    one task per node): each takes the node count, its rank and node 0, the first host of the list, from Slurm."""
+    """Two launches of `dsbuild train` with no node flags, inside a simulated Slurm job of two nodes (what `srun` sets
+    for one task per node), meeting at 127.0.0.1: each takes the node count, its rank and node 0, the first host of
+    the list, from Slurm, and the two are one run of 2 processes whose outputs node 0 has. (The same flags given by
+    hand start test_two_nodes_without_a_shared_disk's nodes.)"""
     out = tmp_path / "slurm"
     port = str(free_port())  # through MASTER_PORT: the job's own port (from SLURM_JOB_ID) may be taken here
     hosts = "127.0.0.[1-2]"  # node 0 is 127.0.0.1, and both "nodes" are this machine
@@ -177,6 +164,7 @@ def test_two_nodes_of_a_slurm_job(tmp_path: Path) -> None:
         ) in stderr.splitlines()
         assert not [line for line in stderr.splitlines() if line.startswith("dsbuild: warning:") and "Slurm" in line]
     assert results[1][0].splitlines()[-1] == f"node 1: done; node 0 has the outputs in {out}"
+    assert results[0][0].splitlines()[-4] == f"checkpoints  {out}/checkpoints  (latest: global_step2)"
     assert json.loads((out / "ds_config.json").read_text())["train_batch_size"] == 16 * 2
     assert (out / "checkpoints" / "global_step2" / "dsbuild_rank1.json").is_file()  # rank 1 lives on node 1
     assert [h["step"] for h in train_records(read_history(out / "history.jsonl"))] == [1, 2]
