@@ -14,8 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from _runs import stopped_after
 
-from dsbuild.outputs.history import cut_after
 from dsbuild.outputs.history import read as read_history
 from dsbuild.outputs.manifest import verify
 
@@ -91,17 +91,6 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], P
     return run
 
 
-def _stopped_after_step_4(uninterrupted: Path, run: Path) -> Path:
-    """A copy of ``uninterrupted`` as if the run had stopped right after its step-4 checkpoint: the later checkpoints
-    and history records gone, so steps 5-8 in the copy's history can only come from the resumed run."""
-    shutil.copytree(uninterrupted, run)
-    for later in ("global_step6", "global_step8"):
-        shutil.rmtree(run / "checkpoints" / later)
-    (run / "checkpoints" / "latest").write_text("global_step4")
-    cut_after(run / "history.jsonl", 4)
-    return run
-
-
 @pytest.mark.parametrize(
     ("stage", "before", "after"),
     [
@@ -126,7 +115,7 @@ def test_a_resume_at_another_world_size_continues_the_run(
     reference = uninterrupted(stage)
     run = tmp_path / "run"
     if nproc == 2:
-        _stopped_after_step_4(reference, run)
+        stopped_after(reference, run, 4)
     else:
         first = _train(run, nproc, 4, preset, *args)
         assert first.returncode == 0, first.stderr[-3000:]
