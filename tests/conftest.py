@@ -235,34 +235,42 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         )
 
 
+def _write_tiny_job(
+    folder: Path,
+    *,
+    training: Mapping[str, Any] | None = None,
+    data: Mapping[str, Any] | None = None,
+    extra: str = "",
+    name: str = "job.toml",
+) -> Path:
+    shutil.copy(demo_job_path().parent / "arith_train.jsonl", folder / "train.jsonl")
+    tables = {
+        "data": {"path": "train.jsonl", "format": "alpaca", "max_length": 256, **(data or {})},
+        "training": {**TINY_TRAINING, **(training or {})},
+        "strategy": {"config": "zero2"},
+    }
+    text = TINY_MODEL + "".join(
+        f"\n[{table}]\n" + "".join(f"{key} = {json.dumps(value)}\n" for key, value in entries.items())
+        for table, entries in tables.items()
+    )
+    path = folder / name
+    path.write_text(text + extra, encoding="utf-8")
+    return path
+
+
 @pytest.fixture
 def tiny_job(tmp_path: Path) -> Callable[..., Path]:
     """A writer of a small valid job in ``tmp_path``: the tiny Llama, the demo's arithmetic data copied to
     ``train.jsonl`` (alpaca), preset ``zero2``; ``training`` entries replace or add to ``TINY_TRAINING``, ``data``
     entries to ``[data]``, and ``extra`` is TOML text appended (more tables). Returns the job file's path."""
+    return functools.partial(_write_tiny_job, tmp_path)
 
-    def write(
-        *,
-        training: Mapping[str, Any] | None = None,
-        data: Mapping[str, Any] | None = None,
-        extra: str = "",
-        name: str = "job.toml",
-    ) -> Path:
-        shutil.copy(demo_job_path().parent / "arith_train.jsonl", tmp_path / "train.jsonl")
-        tables = {
-            "data": {"path": "train.jsonl", "format": "alpaca", "max_length": 256, **(data or {})},
-            "training": {**TINY_TRAINING, **(training or {})},
-            "strategy": {"config": "zero2"},
-        }
-        text = TINY_MODEL + "".join(
-            f"\n[{table}]\n" + "".join(f"{key} = {json.dumps(value)}\n" for key, value in entries.items())
-            for table, entries in tables.items()
-        )
-        path = tmp_path / name
-        path.write_text(text + extra, encoding="utf-8")
-        return path
 
-    return write
+@pytest.fixture(scope="module")
+def module_tiny_job(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """``tiny_job`` for a module-scoped fixture: the job written in a folder of its own that the module shares
+    (a run made once for several tests)."""
+    return functools.partial(_write_tiny_job, tmp_path_factory.mktemp("job"))
 
 
 # -- Hypothesis profiles --------------------------------------------------------------------------------------------
