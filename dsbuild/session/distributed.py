@@ -99,7 +99,7 @@ def init(timeout: float | None = None) -> None:
     from ..env.build_locks import stale_locks
     from ..errors import SessionError
     from ..resolve.training import Training
-    from .cpu_features import install
+    from . import cpu_features, lazy_compile
 
     # Once per process, before its group exists (init is called again by each Session, and by the data barrier).
     stale = stale_locks(wait=5.0) if not is_initialized() else []
@@ -109,7 +109,8 @@ def init(timeout: float | None = None) -> None:
             f"a DeepSpeed op build was killed and left its lock behind: {paths}. DeepSpeed would wait for it forever; "
             f"no build is running there, so remove it (rm {paths}) and start again"
         )
-    install()  # DeepSpeed asks py-cpuinfo for every op it loads: once per machine is enough
+    cpu_features.install()  # DeepSpeed asks py-cpuinfo for every op it loads: once per machine is enough
+    lazy_compile.install()  # every engine imports DeepSpeed's Muon, whose kernels need torch.compile only when called
     alone = not is_initialized() and not any(k in os.environ for k in _LAUNCHER_KEYS)
     ensure_env()
     wait = datetime.timedelta(seconds=timeout if timeout is not None else Training().ddp_timeout)
