@@ -343,13 +343,13 @@ def test_cpu_offload_step_changes_weights() -> None:
 @pytest.mark.slow
 def test_two_processes_under_torchrun(tmp_path: Path) -> None:
     """torchrun, 2 processes, ZeRO-3: batch sizes from the real world size, one model saved that transformers loads."""
-    from dsbuild.session.distributed import free_port
-
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
+    # --standalone: the rendezvous binds a port of its own (a port picked here first could be taken before torchrun
+    # binds it, by the other xdist worker's runs).
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
         str(Path(__file__).parent / "_session_worker.py"), str(tmp_path),
     ]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
