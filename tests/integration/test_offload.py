@@ -259,13 +259,11 @@ def test_an_exception_inside_still_reloads_every_state(zero2: Session) -> None:
 def test_offload_between_every_step_trains_bitwise_as_without_it(tmp_path: Path) -> None:
     """2 processes, ZeRO-1, 2 and 3, two parameter groups: offloaded() before, between and after 3 steps leaves the
     weights and every rank's Adam states and master weights bitwise those of the same run without it."""
-    from dsbuild.session.distributed import free_port
-
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
         str(Path(__file__).parent / "_offload_worker.py"), str(tmp_path),
     ]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)

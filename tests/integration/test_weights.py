@@ -76,13 +76,11 @@ def test_a_bucket_that_is_not_a_positive_size_is_refused(bucket_mb: Any) -> None
 def test_zero3_on_two_processes_streams_the_unsharded_weights_one_bucket_at_a_time(tmp_path: Path) -> None:
     """ZeRO-3 on 2 processes, every weight partitioned: both ranks walk the plain model's names with its tensors
     (LoRA merged, 1e-6), never more than one bucket (or one weight larger than it) whole, nothing whole after."""
-    from dsbuild.session.distributed import free_port
-
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
         str(Path(__file__).parent / "_weights_worker.py"), str(tmp_path),
     ]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
