@@ -3,8 +3,10 @@
 Every ZeRO engine imports DeepSpeed's Muon optimizer, whatever its optimizer (``is_zero_supported_optimizer``,
 ``DeepSpeedZeroOptimizer_Stage3.__init__``, ``BF16_Optimizer``, ZeRO-1/2's ``average_tensor``), and that module
 decorates three functions with ``@compiler.compile()``, which is ``torch.compile``. Wrapping a function in
-``torch.compile`` imports ``torch._dynamo`` and inductor: about 2.5 s and 110 MiB in each process (torch 2.13, CPU),
-paid by every rank of every run that never calls Muon. ``torch.compile`` compiles at a function's first call anyway;
+``torch.compile`` imports ``torch._dynamo`` and inductor (about 2.5 s and 110 MiB on their own, torch 2.13, CPU);
+transformers' ``masking_utils`` imports ``torch._dynamo`` anyway while a model is built, and what the wrapping adds
+after it is about 1 s and 30-45 MiB in each process, paid by every rank of every run that never calls Muon
+(benchmarks/README.md, start-up). ``torch.compile`` compiles at a function's first call anyway;
 dsbuild moves the wrapping there too: ``deepspeed.runtime.compiler.compile`` returns a decorator that wraps the
 function in ``torch.compile`` (with the same arguments) when it is first called, and calls the compiled function from
 then on. A Muon run compiles the same functions at the same moment; the others never import the compiler. Where
