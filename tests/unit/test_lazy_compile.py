@@ -23,9 +23,9 @@ def counted(*args, **kwargs):
     return real(*args, **kwargs)
 torch.compile = counted
 if sys.argv[1] == "dsbuild":
-    from dsbuild.session import lazy_compile
-    lazy_compile.install()
-    lazy_compile.install()  # twice: the second is a no-op
+    from dsbuild.session import distributed
+    distributed.init()  # where a run installs it: with the process group, before any engine (one process: no port)
+    distributed.init()  # again (each Session calls it): installed once
 from deepspeed.runtime.zero.muon import original_muon
 at_import = len(wrapped)
 G = torch.randn(8, 4, generator=torch.Generator().manual_seed(0))
