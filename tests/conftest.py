@@ -285,6 +285,20 @@ def tiny_job(tmp_path: Path) -> Callable[..., Path]:
     return functools.partial(_write_tiny_job, tmp_path)
 
 
+@pytest.fixture(scope="session")
+def demo_on_two(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The demo job's finished run on 2 processes (``_runs.DEMO_ON_TWO``: fp32, 8 steps, every checkpoint kept), made
+    once for the whole session and both xdist workers, and what its command printed: the uninterrupted run that
+    resumes, preemptions and conversions are held to. Tests copy the folder (``_runs.stopped_after``), never change
+    it."""
+    from _runs import DEMO_ON_TWO, finished_once
+
+    root = tmp_path_factory.getbasetemp()
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        root = root.parent  # the session's folder, which every worker's own folder is in
+    return finished_once(root, "demo-on-two", DEMO_ON_TWO)
+
+
 @pytest.fixture(scope="module")
 def module_tiny_job(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     """``tiny_job`` for a module-scoped fixture: the job written in a folder of its own that the module shares

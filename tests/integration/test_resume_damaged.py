@@ -14,23 +14,18 @@ import time
 from pathlib import Path
 
 import pytest
-from _runs import stopped_after
+from _runs import DEMO_ON_TWO, stopped_after
 
 from dsbuild.outputs.history import read as read_history
 
 pytestmark = [pytest.mark.slow, pytest.mark.train, pytest.mark.procs]  # 2-process runs
-
-STEPS = ["--set=training.save_steps=2", "--set=training.save_total_limit=10", "--set=training.logging_steps=1",
-         "--set=training.bf16=false"]  # fmt: skip
-"""The demo job (ZeRO-3), a checkpoint every 2 steps, all kept, fp32 so that a resume equals the uninterrupted run to
-1e-6."""
 
 
 def _train(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "DS_ACCELERATOR": "cpu"}
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
-    command = [sys.executable, "-m", "dsbuild", "train", "--nproc-per-node", "2", *STEPS, *args]
+    command = [sys.executable, "-m", "dsbuild", "train", *DEMO_ON_TWO, *args]  # the uninterrupted run's job
     command.append(f"--set=training.output_dir={json.dumps(str(out))}")
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
 
@@ -40,30 +35,30 @@ def _losses(out: Path) -> dict[int, float]:
 
 
 @pytest.fixture(scope="module")
-def six(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The uninterrupted 6-step run (checkpoints global_step2, 4 and 6), which the tests copy and never change."""
-    out = tmp_path_factory.mktemp("runs") / "six"
-    done = _train(out, "--set=training.max_steps=6")
-    assert done.returncode == 0, done.stderr[-3000:]
+def uninterrupted(demo_on_two: tuple[Path, str]) -> Path:
+    """The session's uninterrupted 2-process run (checkpoints global_step2 to 8), which the tests copy."""
+    run, said = demo_on_two
     # torchrun's lines of rank 0 name its node and global rank (launch.LOG_PREFIX), not [default0]:
-    assert "[node0 rank0]:" in done.stdout + done.stderr and "[default0]" not in done.stdout + done.stderr
-    return out
+    assert "[node0 rank0]:" in said and "[default0]" not in said
+    return run
 
 
 @pytest.mark.parametrize("rank", [0, 1])
-def test_a_flipped_byte_in_one_ranks_shard_falls_back_without_a_hang(tmp_path: Path, six: Path, rank: int) -> None:
+def test_a_flipped_byte_in_one_ranks_shard_falls_back_without_a_hang(
+    tmp_path: Path, uninterrupted: Path, rank: int
+) -> None:
     """One byte flipped in rank R's optimizer shard of global_step4: --resume names it, resumes from global_step2 on
     both ranks, and steps 3-6 have the uninterrupted run's losses; the whole command ends long before the process
     group's 600 s timeout would."""
-    reference = _losses(six)
-    out = stopped_after(six, tmp_path / "out", 4)
+    reference = _losses(uninterrupted)
+    out = stopped_after(uninterrupted, tmp_path / "out", 4)
     shard = out / "checkpoints" / "global_step4" / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
 
     started = time.monotonic()
-    done = _train(out, "--set=training.max_steps=6", "--resume")
+    done = _train(out, "--resume", "--set=training.max_steps=6")
     took = time.monotonic() - started
     assert done.returncode == 0, done.stderr[-3000:]
     assert took < 300, took  # a hang waits for ddp_timeout (600 s) and fails

@@ -75,10 +75,11 @@ def _assert_continues(resumed: dict[int, float], uninterrupted: dict[int, float]
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory, demo_on_two: tuple[Path, str]) -> Callable[[str], Path]:
     """The folder of 8 uninterrupted steps on 2 processes at a ZeRO stage (``"zero2"``, ``"zero3"``), every checkpoint
-    kept: one run per stage for the whole module, which the tests copy and never change."""
-    made: dict[str, Path] = {}
+    kept: one run per stage for the whole module (ZeRO-3, the demo's own stage: the session's ``demo_on_two``), which
+    the tests copy and never change."""
+    made: dict[str, Path] = {"zero3": demo_on_two[0]}
 
     def run(stage: str) -> Path:
         if stage not in made:
