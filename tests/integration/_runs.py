@@ -35,10 +35,10 @@ DEMO_ON_TWO = (
     "--nproc-per-node", "2", "--set=training.max_steps=8", "--set=training.save_steps=2",
     "--set=training.save_total_limit=10", "--set=training.logging_steps=1", "--set=training.bf16=false",
 )  # fmt: skip
-"""The demo job (ZeRO-3) on 2 processes in fp32 (a resume equals the uninterrupted run to 1e-6; bf16's rounding alone
-moves it by ~1e-4), 8 steps, every step logged, a checkpoint every 2 steps, all kept. The demo warms up for 10 steps,
-so each of these steps has the learning rate of the same step in any run of up to 10 steps: their losses are those of
-a shorter run too."""
+"""The demo job (ZeRO-3) on 2 processes in fp32 (a resume equals the uninterrupted run to 1e-6; bf16's rounding
+alone moves a resume by up to ~8e-5), 8 steps, every step logged, a checkpoint every 2 steps, all kept. The demo warms
+up for 10 steps, so each of these steps has the learning rate of the same step in any run of up to 10 steps: their
+losses are those of a shorter run too."""
 
 
 def finished_once(root: Path, name: str, argv: Sequence[str]) -> tuple[Path, str]:
