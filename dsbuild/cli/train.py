@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from ..errors import RunStopped
 from .args import Commands, node_count, non_negative_int, port_number, positive_int
@@ -119,7 +120,6 @@ def _train(args: argparse.Namespace) -> int:
     from ..env.extras import require
     from ..run import start
     from ..run.worker import summary_lines
-    from .rank import ray_worker
 
     require("dsbuild train")  # before anything is read: a config-only install says which pip install trains
     options = start.options_of(vars(args), args.set)
@@ -132,7 +132,7 @@ def _train(args: argparse.Namespace) -> int:
         error(f"not started: {plural(len(plan.problems), 'error')}")
         return 1
     try:
-        outcome = start.start(plan, ray_worker=ray_worker)
+        outcome = start.start(plan, ray_worker=_ray_worker() if plan.backend == "ray" else None)
     except KeyboardInterrupt:  # a second Ctrl-C in this process: stopped at once, wherever it was
         print(f"dsbuild: {escape_lines(_interrupted(plan.job.output_dir))}", file=sys.stderr)
         return 130
@@ -152,6 +152,13 @@ def _train(args: argparse.Namespace) -> int:
     else:
         out(f"node {plan.nodes.node_rank}: done; node 0 has the outputs in {plan.job.output_dir}")
     return 0
+
+
+def _ray_worker() -> Callable[[dict[str, Any]], None]:
+    """What each Ray worker runs; its module imports the Session (torch), which only a Ray run's launcher needs."""
+    from .rank import ray_worker
+
+    return ray_worker
 
 
 def _interrupted(output_dir: Path) -> str:

@@ -7,22 +7,35 @@ directory or a hub id: a path that does not exist is an error naming the key, no
 must be in the form". Before launch, dsbuild does not reach the hub: ``dsbuild validate`` (and any
 run with ``HF_HUB_OFFLINE=1``) wants a hub id in the local Hugging Face cache; ``dsbuild train``
 otherwise lets transformers download it.
+
+A ``[model.config]`` table its class accepted is remembered, with the vocabulary size it gives, under
+``~/.cache/dsbuild/model-config/`` (``$XDG_CACHE_HOME``), keyed by the table and by what judged it: this check's
+source, dsbuild's, transformers' and huggingface_hub's versions. The launcher of a run in other processes then
+checks the same table again without importing transformers' models and torch (about 3 s); a table with problems
+is never remembered, and any trouble with the cache is a check as before.
 """
 
 from __future__ import annotations
 
+import hashlib
 import inspect
+import json
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .._util.atomic import write_atomic
+from .._util.cache import user_cache
 from .._util.suggest import did_you_mean
 from ..config.fields import describe
 from ..errors import ConfigError, Problem
 from ..job import BYTE_TOKENIZER, ModelSpec
 
-__all__ = ["build_tokenizer", "model_problems", "model_source", "vocab_size"]
+__all__ = ["build_tokenizer", "config_checked", "model_problems", "model_source", "vocab_size"]
+
+logger = logging.getLogger("dsbuild")
 
 _KINDS: dict[type, tuple[type, ...]] = {bool: (bool,), int: (int,), float: (int, float), str: (str,), list: (list,)}
 _WORDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string", list: "a list"}
@@ -35,12 +48,7 @@ def model_problems(spec: ModelSpec, *, hub: bool) -> list[Problem]:
     """
     problems: list[Problem] = []
     if spec.config is not None:
-        problems += _config_problems(spec.config)
-        if not problems:
-            try:
-                model_source(spec)  # the config class's own checks (transformers validates some fields together)
-            except ConfigError as e:
-                problems += e.problems
+        problems += _checked(spec)[0]
     offline = not hub or _offline()
     if spec.name_or_path is not None:
         problems += _where(spec.name_or_path, "model.name_or_path", "config.json", offline)
@@ -74,6 +82,9 @@ def vocab_size(spec: ModelSpec) -> int | None:
     """The model's vocabulary size as its config says, without loading weights (``[model.config]``, its class's
     default where the table leaves it out; a local model's ``config.json``), or ``None`` where that cannot be read
     here (a hub id not in the local cache, a config the class refuses)."""
+    if spec.config is not None:
+        problems, found = _checked(spec)
+        return None if problems else found
     try:
         source = model_source(spec)
         if isinstance(source, str):
@@ -84,6 +95,19 @@ def vocab_size(spec: ModelSpec) -> int | None:
             source = pretrained_config(source)
     except (ConfigError, OSError, ValueError):
         return None
+    return _vocab_of(source)
+
+
+def config_checked(spec: ModelSpec) -> None:
+    """Raise ``ConfigError`` with every problem of the job's ``[model.config]`` (nothing for a job without one), as
+    ``model_source`` would, from the cache when the table was accepted before."""
+    if spec.config is not None:
+        problems = _checked(spec)[0]
+        if problems:
+            raise ConfigError(problems)
+
+
+def _vocab_of(source: Any) -> int | None:
     if source is None:
         return None
     found = getattr(source, "vocab_size", None)
@@ -182,3 +206,68 @@ def _where(value: str, key: str, marker: str, offline: bool) -> list[Problem]:
             f"download it first with: hf download {value}; or give a local directory",
         )
     ]
+
+
+# -- a [model.config] table accepted once, remembered -----------------------------------------------------------------
+
+_MEMO_BYTES = 4096
+
+
+def _checked(spec: ModelSpec) -> tuple[list[Problem], int | None]:
+    """Every problem of ``[model.config]`` (its names and types, then the config class's own checks: transformers
+    validates some fields together), and the vocabulary size it gives when there is none; from the cache when the
+    table was accepted before."""
+    assert spec.config is not None
+    key = _memo_key(spec.config)
+    path = user_cache("model-config") / f"{key}.json" if key else None
+    if path is not None:
+        remembered = _recall(path)
+        if remembered is not None:
+            return [], remembered[0]
+    problems = _config_problems(spec.config)
+    if problems:
+        return problems, None
+    try:
+        source = model_source(spec)
+    except ConfigError as e:
+        return list(e.problems), None
+    found = _vocab_of(source)
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, json.dumps({"vocab_size": found}), durable=False)
+        except OSError as e:
+            logger.debug("accepted model config not remembered: %s", e)
+    return [], found
+
+
+def _memo_key(config: Mapping[str, Any]) -> str | None:
+    """A digest of the table and of what judged it, or ``None`` where the table has no JSON form (a TOML date)."""
+    from ..env.versions import installed
+    from ..version import VERSION
+
+    try:
+        table = json.dumps(dict(config), sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError):
+        return None
+    judges = [VERSION, installed("transformers") or "", installed("huggingface_hub") or ""]
+    digest = hashlib.sha256(Path(__file__).read_bytes())
+    digest.update(json.dumps([judges, table]).encode())
+    return digest.hexdigest()[:32]
+
+
+def _recall(path: Path) -> tuple[int | None] | None:
+    """The remembered vocabulary size (in a 1-tuple: ``None`` is a size not known), or ``None`` where there is no
+    sound entry."""
+    try:
+        if path.stat().st_size > _MEMO_BYTES:
+            return None
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(found, dict) or "vocab_size" not in found:
+        return None
+    size = found["vocab_size"]
+    if size is None or (isinstance(size, int) and not isinstance(size, bool) and size > 0):
+        return (size,)
+    return None

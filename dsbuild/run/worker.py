@@ -42,7 +42,7 @@ from ..outputs.manifest import candidates, fingerprint, read_latest, sha256_file
 from ..outputs.plot import Plotter
 from ..outputs.run_folder import RunFolder
 from ..resolve.schedule import job_steps, steps_between
-from .model import build_tokenizer, model_source, vocab_size
+from .model import build_tokenizer, config_checked, model_source, vocab_size
 
 if TYPE_CHECKING:
     from ..session.loop import Hooks as SessionHooks
@@ -87,7 +87,7 @@ def preflight(job: Job) -> Datasets | None:
     at hand: the byte one or a local one) that the data has tokens to train on. The tokenized data, when made."""
     from ..data import check, load
 
-    model_source(job.model)
+    config_checked(job.model)
     if job.task == "grpo":
         job_functions(job)  # each function found before any process starts
     vocab = vocab_size(job.model)

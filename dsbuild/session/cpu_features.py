@@ -15,20 +15,15 @@ import functools
 import hashlib
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
 from .._util.atomic import write_atomic
+from .._util.cache import user_cache
 
 __all__ = ["install"]
 
 logger = logging.getLogger("dsbuild")
-
-
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "dsbuild" / "cpuinfo"
 
 
 def _machine_key(version: str) -> str | None:
@@ -57,7 +52,7 @@ def install() -> None:
     @functools.cache
     def remembered() -> dict[str, Any]:
         key = _machine_key(str(getattr(cpuinfo, "CPUINFO_VERSION_STRING", "")))
-        path = _cache_dir() / f"{key}.json" if key else None
+        path = user_cache("cpuinfo") / f"{key}.json" if key else None
         if path is not None:
             try:
                 found = json.loads(path.read_text(encoding="utf-8"))
