@@ -22,6 +22,7 @@ import inspect
 import json
 import logging
 import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -260,7 +261,8 @@ def _recall(path: Path) -> tuple[int | None] | None:
     """The remembered vocabulary size (in a 1-tuple: ``None`` is a size not known), or ``None`` where there is no
     sound entry."""
     try:
-        if path.stat().st_size > _MEMO_BYTES:
+        seen = path.stat()
+        if not stat.S_ISREG(seen.st_mode) or seen.st_size > _MEMO_BYTES:  # a FIFO would never answer
             return None
         found = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):

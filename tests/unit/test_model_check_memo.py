@@ -97,6 +97,16 @@ def test_a_damaged_entry_is_checked_again_and_replaced(
     assert json.loads(path.read_text()) == {"vocab_size": 384}
 
 
+def test_a_fifo_where_the_entry_would_be_is_not_waited_on(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A FIFO in the entry's place (nothing would ever be written to it): the table is checked, not waited on."""
+    folder = _in(str(tmp_path), monkeypatch)
+    _verdict(TINY)
+    (path,) = folder.glob("*.json")
+    path.unlink()
+    os.mkfifo(path)
+    assert _verdict(TINY) == ([], 384)
+
+
 def test_a_cache_that_cannot_be_written_leaves_the_check_as_it_was(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
