@@ -5,10 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ..errors import ConfigError
 from .args import Commands, positive_int
 from .output import error, out
+
+if TYPE_CHECKING:
+    from ..job import Job
+    from ..planner import Precision
 
 __all__ = ["add_checkpoints", "add_doctor", "add_plan"]
 
@@ -118,17 +123,30 @@ def add_plan(commands: Commands) -> None:
         "--reference", action="store_true",
         help="count a frozen reference model beside the policy (DPO, GRPO's KL; a DPO job's --model: from its job)",
     )  # fmt: skip
+    p.add_argument(
+        "--precision",
+        choices=("bf16", "fp16", "fp32"),
+        help="the training precision the model states are counted in (default: bf16, or a job's as its run resolves it)",
+    )
+    p.add_argument(
+        "--optimizer",
+        metavar="NAME",
+        help="the optimizer whose states are counted: AdamW, Adam, Lamb (2 a parameter), Lion, Adagrad, SGD (1) "
+        "(default: AdamW, or a job's)",
+    )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--emit", metavar="FILE", type=Path, help="write the recommended config as TOML (or JSON by suffix)")
     p.set_defaults(handler=_plan)
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from ..planner import format_plan_table, parse_count, plan, plan_to_json
+    import attrs
+
+    from ..planner import MIXED_ADAM, format_plan_table, parse_count, plan, plan_to_json
     from ..resolve.batch import degrees
     from .common import job_of
 
-    model, lora = args.model, None
+    model, lora, precision = args.model, None, MIXED_ADAM
     facts: dict[str, Any] = {"gpus_per_node": 1, "nodes": 1}
     job = job_of(args.model, []) if args.model is not None else None
     if job is not None:  # a job: its model (LoRA as LoRA), its shapes and its processes, unless the flags say
@@ -148,6 +166,14 @@ def _plan(args: argparse.Namespace) -> int:
                          micro_batch=2 * job.training.per_device_train_batch_size)  # fmt: skip
         if job.task == "grpo" and job.grpo is not None:  # a KL term (beta > 0) keeps a reference beside the policy
             facts.update(reference=job.grpo.beta != 0.0)
+        precision = _job_precision(job)
+    if args.precision is not None or args.optimizer is not None:  # the flags win over the job's
+        precision = attrs.evolve(
+            precision,
+            training=args.precision or precision.training,
+            optimizer=args.optimizer or precision.optimizer,
+            states=None if args.optimizer is not None else precision.states,
+        )
     given = {
         "gpus_per_node": args.gpus_per_node,
         "nodes": args.nodes,
@@ -170,6 +196,7 @@ def _plan(args: argparse.Namespace) -> int:
         headroom=args.headroom,
         nvme_path=args.nvme,
         lora=lora,
+        precision=precision,
         **facts,
     )
     out(json.dumps(plan_to_json(result), indent=2) if args.json else format_plan_table(result))
@@ -185,6 +212,23 @@ def _plan(args: argparse.Namespace) -> int:
         if not args.json:
             out(f"wrote {written}")
     return 0
+
+
+def _job_precision(job: Job) -> Precision:
+    """The precision, model dtype and optimizer a job's run trains with: its config resolved as the run resolves it
+    (``bf16``/``fp16`` from ``[training]`` or the config), the facts the run learns later left waiting."""
+    from ..planner import Precision
+    from ..resolve.resolution import resolve
+
+    try:
+        resolved = resolve(
+            job.config, world_size=job.launch.world_size, training=job.training, hidden_size=job.model.hidden_size,
+            waiting_for=("hidden_size", "total_steps"),
+        )  # fmt: skip
+    except ConfigError as e:
+        error = e.prefixed("strategy.config")
+        raise error.with_source(job.source) if job.source else error from None
+    return Precision.of(resolved, job.model.dtype)
 
 
 def add_doctor(commands: Commands) -> None:

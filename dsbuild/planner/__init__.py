@@ -4,7 +4,9 @@ Each GPU needs three things, and a plan counts all three:
 
 - the model states: DeepSpeed's own accounting (``estimate_zero2_model_states_mem_needs`` and
   ``estimate_zero3_model_states_mem_needs`` with ``zero_init`` on), reproduced here without importing DeepSpeed
-  and extended to stages 0 and 1 and to NVMe offload. Mixed-precision training with Adam keeps, per parameter,
+  and extended to stages 0 and 1, to NVMe offload, and to the run's precision, model dtype and optimizer
+  (``Precision``: fp32 training keeps 4-byte weights and gradients and no master copy at stage 0, nor at stage 3
+  without offload; Lion and SGD keep fewer states than Adam). Mixed-precision training with Adam keeps, per parameter,
   2 bytes of 16-bit parameters, 2 bytes of 16-bit gradients and 16 bytes of optimizer-side state (fp32
   gradients 4, fp32 master parameters 4, Adam momentum and variance 8). ZeRO partitions the optimizer-side state
   across GPUs at stage 1, the gradients too at stage 2 and the parameters too at stage 3; offload moves the
@@ -31,6 +33,7 @@ from .memory import (
     layer_activation_bytes,
     model_state_bytes,
 )
+from .precision import MIXED_ADAM, OPTIMIZER_STATES, Precision, StateBytes
 from .render import format_plan_table, plan_to_json
 from .sizes import parse_count, parse_headroom, parse_size
 
@@ -39,13 +42,17 @@ __all__ = [
     "DEFAULT_MICRO_BATCH",
     "DEFAULT_NVME_PATH",
     "DEFAULT_SEQ_LEN",
+    "MIXED_ADAM",
+    "OPTIMIZER_STATES",
     "SPEED_ORDER",
     "Activations",
     "Headroom",
     "ModelSize",
     "Plan",
+    "Precision",
     "Row",
     "Shape",
+    "StateBytes",
     "activations",
     "count_params",
     "estimate_activation_bytes",

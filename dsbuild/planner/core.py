@@ -25,6 +25,7 @@ from .memory import (
     model_state_bytes,
     param_buffer_size,
 )
+from .precision import MIXED_ADAM, Precision
 from .sizes import MAX_COUNT, count_text, decimal_unit, gib, parse_count, parse_headroom, parse_size
 
 __all__ = [
@@ -163,6 +164,8 @@ class Plan:
     """GPU memory kept free on each GPU: the CUDA context, workspaces, buffers and fragmentation."""
     nvme_path: str | None = None
     """The NVMe directory given for NVMe rows; ``None``: no NVMe, so no NVMe row is recommended."""
+    precision: Precision = MIXED_ADAM
+    """The training precision, model dtype and optimizer the model states are counted for."""
 
     @property
     def world_size(self) -> int:
@@ -210,6 +213,7 @@ def plan(
     lora: Mapping[str, Any] | None = None,
     sequence_parallel: int = 1,
     reference: bool = False,
+    precision: Precision | str = MIXED_ADAM,
 ) -> Plan:
     """Memory per GPU of every ZeRO stage × offload choice, and the fastest config that fits (docs/planner.md).
 
@@ -218,14 +222,16 @@ def plan(
     (``"80GiB"``); one not given always fits. Each GPU needs its model states, the activations of one micro-batch of
     ``seq_len`` × ``micro_batch`` (as ``gradient_checkpointing``, ``flash_attention`` and ``sequence_parallel`` change
     them) and the ``headroom``. NVMe rows need ``nvme_path``. ``lora`` (peft ``LoraConfig`` fields, with ``model``):
-    the adapters carry the states of training, the frozen base counts once in 16 bits; ``reference``: a frozen copy."""
+    the adapters carry the states of training, the frozen base counts once; ``reference``: a frozen copy. The model
+    states are those of ``precision``: ``"bf16"`` (the default, with AdamW), ``"fp16"``, ``"fp32"`` or a ``Precision``."""
     _check_arguments(
         gpus_per_node=gpus_per_node, nodes=nodes, seq_len=seq_len, micro_batch=micro_batch,
         gradient_checkpointing=gradient_checkpointing, flash_attention=flash_attention,
         additional_buffer_factor=additional_buffer_factor, reference=reference, params=params, model=model,
     )  # fmt: skip
     size = count_params(model) if model is not None else None
-    counted = _with_reference(_counts(params, model, size, lora, largest_layer_params), reference, lora is not None)
+    counted = _counts(params, model, size, lora, largest_layer_params, _precision(precision), reference)
+    states = counted.precision
     gpu_budget = parse_size(gpu_memory, "gpu_memory") if gpu_memory is not None else None
     cpu_budget = parse_size(cpu_memory, "cpu_memory") if cpu_memory is not None else None
     rule = Headroom(*parse_headroom(headroom, "headroom")) if headroom is not None else DEFAULT_HEADROOM
@@ -241,11 +247,8 @@ def plan(
 
     def rows_on(n: int, *, nvme: bool = True) -> list[Row]:
         need = (counted.trained, counted.largest, gpus_per_node, n, float(additional_buffer_factor), per_gpu)
-        return [
-            _row(stage, opt, par, *need, gpu_budget, cpu_budget, counted.frozen)
-            for stage, opt, par in SPEED_ORDER
-            if nvme or "nvme" not in (opt, par)
-        ]
+        return [_row(stage, opt, par, *need, gpu_budget, cpu_budget, counted.frozen, states)
+                for stage, opt, par in SPEED_ORDER if nvme or "nvme" not in (opt, par)]  # fmt: skip
 
     rows = tuple(_with_largest_micro_batch(r, gpu_budget, kept, per_sequence) for r in rows_on(nodes))
     chosen = next((r for r in rows if r.fits and (nvme_path is not None or not _on_nvme(r))), None)
@@ -261,7 +264,7 @@ def plan(
         *([_NO_GPU] if gpu_budget is None else []),
         *_notes(acts, rule, kept, gpu_memory, gpu_budget, gradient_checkpointing, flash_attention, sequence_parallel),
         *counted.notes,
-        *_budget_notes(rows, cpu_budget, additional_buffer_factor),
+        *_budget_notes(rows, cpu_budget, additional_buffer_factor, states),
     ]
     return Plan(
         params=counted.total, largest_layer_params=counted.largest, gpus_per_node=gpus_per_node, nodes=nodes,
@@ -269,7 +272,7 @@ def plan(
         reason=_reason(rows, chosen, gpu_budget, cpu_budget, kept, acts, nvme_path, more_nodes), notes=tuple(notes),
         source=size.source if params is None and size is not None else "given", shape=shape, seq_len=seq_len,
         micro_batch=micro_batch, gradient_checkpointing=gradient_checkpointing, flash_attention=flash_attention,
-        activations=acts, headroom=rule, headroom_bytes=kept, nvme_path=nvme_path,
+        activations=acts, headroom=rule, headroom_bytes=kept, nvme_path=nvme_path, precision=states,
     )  # fmt: skip
 
 
@@ -314,9 +317,28 @@ class _Counts:
     trained: int
     largest: int
     notes: tuple[str, ...]
+    precision: Precision = MIXED_ADAM
 
 
-def _counts(params: Any, model: Any, size: Any, lora: Mapping[str, Any] | None, largest_layer: Any) -> _Counts:
+def _precision(precision: Precision | str) -> Precision:
+    """``precision`` as a ``Precision``: one as given, a training precision's name with AdamW."""
+    if isinstance(precision, Precision):
+        return precision
+    named = {"bf16": MIXED_ADAM, "fp16": Precision("fp16"), "fp32": Precision("fp32")}.get(precision)
+    if named is not None:
+        return named
+    raise InvalidValueError(Problem("precision", f"got {precision!r}, expected 'bf16', 'fp16', 'fp32' or a Precision"))
+
+
+def _counts(
+    params: Any,
+    model: Any,
+    size: Any,
+    lora: Mapping[str, Any] | None,
+    largest_layer: Any,
+    states: Precision = MIXED_ADAM,
+    reference: bool = False,
+) -> _Counts:
     total = parse_count(params, "params") if params is not None else size.params if size is not None else 0
     if total <= 0:
         raise InvalidValueError(Problem("params", f"got {total!r}, expected a positive count"))
@@ -328,7 +350,7 @@ def _counts(params: Any, model: Any, size: Any, lora: Mapping[str, Any] | None, 
         frozen, trained = total, count_lora(model, lora)
         notes.append(
             f"LoRA: {count_text(trained)} trainable adapter parameters carry gradients and optimizer states; the "
-            f"{count_text(frozen)} frozen base parameters are counted once, in 16 bits"
+            f"{count_text(frozen)} frozen base parameters are counted once, {_weights(states)}"
         )
     if largest_layer is not None:
         largest = parse_count(largest_layer, "largest_layer_params")
@@ -341,11 +363,17 @@ def _counts(params: Any, model: Any, size: Any, lora: Mapping[str, Any] | None, 
             "(4 bytes per parameter of the largest layer); pass largest_layer_params (usually vocab × hidden) "
             "or the model's config"
         )
-    return _Counts(total, frozen, trained, largest, tuple(notes))
+    counted = _Counts(total, frozen, trained, largest, tuple(notes), states)
+    return _with_reference(counted, reference, lora is not None, states)
 
 
-def _with_reference(counted: _Counts, reference: bool, lora: bool) -> _Counts:
-    """The counts with a reference model: a second copy of the weights, frozen (16 bits, no gradients or optimizer
+def _weights(states: Precision) -> str:
+    """``"in 16 bits"``: how frozen weights are counted."""
+    return f"in {states.weight_bytes * 8} bits"
+
+
+def _with_reference(counted: _Counts, reference: bool, lora: bool, states: Precision) -> _Counts:
+    """The counts with a reference model: a second copy of the weights, frozen (as trained, no gradients or optimizer
     states: whole on each GPU below stage 3, where ``for_inference`` makes it stage 0; partitioned or offloaded at
     stage 3), or nothing more for a LoRA policy."""
     if not reference:
@@ -354,7 +382,7 @@ def _with_reference(counted: _Counts, reference: bool, lora: bool) -> _Counts:
         note = "reference model: the LoRA policy with its adapters disabled, no second copy of the weights"
         return attrs.evolve(counted, notes=(*counted.notes, note))
     note = (
-        f"reference model: a second copy of the {count_text(counted.total)} weights in 16 bits, frozen (no "
+        f"reference model: a second copy of the {count_text(counted.total)} weights {_weights(states)}, frozen (no "
         "gradients or optimizer states): whole on each GPU below stage 3 (Config.for_inference makes it stage 0), "
         "partitioned at stage 3, offloaded with the parameters"
     )
@@ -367,7 +395,7 @@ _NO_GPU: Final = (
 )
 
 
-def _budget_notes(rows: Sequence[Row], cpu_budget: int | None, factor: float) -> list[str]:
+def _budget_notes(rows: Sequence[Row], cpu_budget: int | None, factor: float, states: Precision) -> list[str]:
     """What the figures assume of the budgets and of DeepSpeed's estimators."""
     notes = []
     cold = [r for r in rows if not _offloads(r) and cpu_budget is not None and r.cpu_bytes_per_node > cpu_budget]
@@ -378,8 +406,7 @@ def _budget_notes(rows: Sequence[Row], cpu_budget: int | None, factor: float) ->
             "checkpoint shard by shard, so those rows are not held to it"
         )
     notes += [
-        "model states of mixed-precision training with Adam: 2 bytes/param 16-bit weights, 2 bytes 16-bit "
-        "gradients, 16 bytes fp32 gradients + master weights + Adam moments; stage 3 with zero.Init",
+        states.describe(),
         f"CPU figures carry DeepSpeed's {factor:g}x head room; NVMe rows include the pinned "
         "swap buffers at DeepSpeed's defaults (a smaller sub_group_size shrinks the optimizer's)",
     ]
@@ -455,10 +482,11 @@ def _row(
     gpu_budget: int | None,
     cpu_budget: int | None,
     frozen: int = 0,
+    states: Precision = MIXED_ADAM,
 ) -> Row:
-    gpu, cpu, nvme = model_state_bytes(stage, opt, par, params, largest, gpus_per_node, nodes, factor)
-    if frozen:  # a LoRA base or a reference model: 16-bit weights only, partitioned (or offloaded) at stage 3
-        base = 2 * frozen
+    gpu, cpu, nvme = model_state_bytes(stage, opt, par, params, largest, gpus_per_node, nodes, factor, states)
+    if frozen:  # a LoRA base or a reference model: its weights only, partitioned (or offloaded) at stage 3
+        base = states.weight_bytes * frozen
         if stage < 3:
             gpu += base
         elif par == "none":

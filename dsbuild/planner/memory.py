@@ -12,13 +12,12 @@ from typing import Literal
 
 import attrs
 
+from .precision import MIXED_ADAM, Precision
 from .sizes import GiB, gib
 
 __all__ = [
     "ADDITIONAL_BUFFER_FACTOR",
     "DEFAULT_HEADROOM",
-    "OPT",
-    "P16",
     "PARAM_BUFFER_SIZE",
     "Activations",
     "Device",
@@ -35,15 +34,6 @@ Device = Literal["none", "cpu", "nvme"]
 
 ADDITIONAL_BUFFER_FACTOR = 1.5
 """DeepSpeed's default head room on CPU memory figures (``additional_buffer_factor``)."""
-
-
-P16 = 2  # 16-bit parameters
-
-
-_G16 = 2  # 16-bit gradients
-
-
-OPT = 16  # fp32 gradients + fp32 master parameters + Adam momentum and variance
 
 
 _SUB_GROUP_SIZE = 10**9  # zero_optimization.sub_group_size
@@ -67,40 +57,47 @@ def model_state_bytes(
     gpus_per_node: int = 1,
     nodes: int = 1,
     additional_buffer_factor: float = ADDITIONAL_BUFFER_FACTOR,
+    precision: Precision = MIXED_ADAM,
 ) -> tuple[int, int, int]:
     """(GPU bytes per device, CPU bytes per node, NVMe bytes per node) of the model states.
 
-    Stages 2 and 3 without NVMe are DeepSpeed's estimators term for term,
+    Stages 2 and 3 without NVMe are DeepSpeed's estimators term for term
+    (``precision``'s default, bf16 with AdamW, is what they count),
     ``zero_init`` on, including their choices: a process loads the fp32 model
     on the CPU before ZeRO partitions it (``4 × params`` per GPU on the node,
     or per GPU in the job with stage 1-2 CPU offload, as DeepSpeed writes it),
     and offloaded optimizer states are counted per node as ``16 × params``
-    at stages 1-2 and ``16 × params / nodes`` at stage 3.
+    at stages 1-2 and ``16 × params / nodes`` at stage 3. Another precision or
+    optimizer changes the bytes per parameter (``Precision.per_param``), not the terms.
     """
     p, n_gpus, g, f = params, gpus_per_node * nodes, gpus_per_node, additional_buffer_factor
     loaded_fp32 = 4 * p * g * f  # each process on the node holds the full fp32 model before partitioning
     if stage < 3:
         if offload_param != "none" or offload_optimizer == "nvme" or (stage == 0 and offload_optimizer != "none"):
             raise ValueError(f"no such row: stage {stage}, optimizer {offload_optimizer}, params {offload_param}")
+        s = precision.per_param(stage, offload_optimizer, offload_param)
         if offload_optimizer == "cpu":
-            gpu = (P16 + (_G16 if stage == 1 else 0)) * p
-            cpu = p * max(4 * n_gpus, OPT) * f
+            gpu = (s.weights + (s.gradients if stage == 1 else 0)) * p
+            cpu = p * max(4 * n_gpus, s.optimizer) * f
         else:
-            replicated = {0: P16 + _G16 + OPT, 1: P16 + _G16, 2: P16}[stage]
-            gpu = replicated * p + int((P16 + _G16 + OPT - replicated) * p / n_gpus)
+            replicated = {0: s.total, 1: s.weights + s.gradients, 2: s.weights}[stage]
+            gpu = replicated * p + int((s.total - replicated) * p / n_gpus)
             cpu = loaded_fp32
         return int(gpu), int(cpu), 0
 
-    on_gpu = (P16 if offload_param == "none" else 0) + (OPT if offload_optimizer == "none" else 0)
-    on_cpu = (P16 if offload_param == "cpu" else 0) + (OPT if offload_optimizer == "cpu" else 0)
-    on_nvme = (P16 if offload_param == "nvme" else 0) + (OPT if offload_optimizer == "nvme" else 0)
-    gpu = 4 * largest_layer_params + int(on_gpu * p / n_gpus)
+    s = precision.per_param(stage, offload_optimizer, offload_param)
+    w, opt = s.weights, s.optimizer
+    on_gpu = (w if offload_param == "none" else 0) + (opt if offload_optimizer == "none" else 0)
+    on_cpu = (w if offload_param == "cpu" else 0) + (opt if offload_optimizer == "cpu" else 0)
+    on_nvme = (w if offload_param == "nvme" else 0) + (opt if offload_optimizer == "nvme" else 0)
+    gathered = (s.weights + s.gradients) * largest_layer_params  # the largest layer, whole, with its gradients
+    gpu = gathered + int(on_gpu * p / n_gpus)
     # With nothing kept on the CPU, zero.Init still materializes one layer per process there.
     cpu = on_cpu * p / nodes * f if on_cpu else 4 * largest_layer_params * g * f
     if offload_optimizer == "nvme":  # pinned fp32 swap buffers, one sub group each, per process
         cpu += g * _OPT_BUFFER_COUNT * min(_SUB_GROUP_SIZE, math.ceil(p / n_gpus)) * 4
-    if offload_param == "nvme":  # pinned 16-bit parameter swap buffers, per process
-        cpu += g * _PARAM_BUFFER_COUNT * param_buffer_size(largest_layer_params, n_gpus) * 2
+    if offload_param == "nvme":  # pinned parameter swap buffers (the weights' dtype), per process
+        cpu += g * _PARAM_BUFFER_COUNT * param_buffer_size(largest_layer_params, n_gpus) * w
     return int(gpu), int(cpu), int(on_nvme * p / nodes)
 
 

@@ -23,7 +23,7 @@ def format_plan_table(plan: Plan) -> str:
     gpus = f"{plan.gpus_per_node} GPU" + ("s" if plan.gpus_per_node != 1 else "") + " per node"
     largest = f"{count_text(plan.largest_layer_params)}" if plan.largest_layer_params else "unknown"
     lines = [f"{count_text(plan.params)} parameters ({plan.source}; largest layer {largest}), {gpus} x {nodes}"]
-    for line in (_gpu_line(plan), _activation_line(plan)):
+    for line in (_precision_line(plan), _gpu_line(plan), _activation_line(plan)):
         lines.append(textwrap.fill(line, width=_WIDTH, subsequent_indent="  ", break_on_hyphens=False))
     cpu = f"CPU {gib(plan.cpu_memory)} per node" if plan.cpu_memory is not None else "CPU not given"
     lines += [f"{cpu}; sizes in GiB per GPU (CPU and NVMe per node); rows fastest first", ""]
@@ -66,6 +66,20 @@ def format_plan_table(plan: Plan) -> str:
             textwrap.fill(note, width=_WIDTH, initial_indent="  - ", subsequent_indent="    ", break_on_hyphens=False)
         )
     return "\n".join(lines)
+
+
+def _precision_line(plan: Plan) -> str:
+    """``model states: bf16 mixed precision, AdamW; bytes per parameter: weights 2, gradients 2, optimizer 16``;
+    where the optimizer's side differs by stage (fp32), each stage's."""
+    p = plan.precision
+    by_stage = {stage: p.per_param(stage).optimizer for stage in (0, 1, 3)}
+    others = "".join(f"; stage {stage}: {n}" for stage, n in sorted(by_stage.items(), reverse=True) if n != by_stage[1])
+    first = p.per_param(1)
+    return (
+        f"model states: {p.label}; bytes per parameter: weights "
+        f"{first.weights}, gradients {first.gradients}, optimizer {first.optimizer}"
+        + (f" (stages 1-2 and offload{others})" if others else "")
+    )
 
 
 def _gpu_line(plan: Plan) -> str:
@@ -122,6 +136,7 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
             "fits": r.fits,
             "max_micro_batch": r.max_micro_batch,
             "recommended": r is plan.recommended_row,
+            "bytes_per_param": attrs.asdict(plan.precision.per_param(r.stage, r.offload_optimizer, r.offload_param)),
         }
         for r in plan.rows
     ]
@@ -140,6 +155,11 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
         "micro_batch": plan.micro_batch,
         "gradient_checkpointing": plan.gradient_checkpointing,
         "flash_attention": plan.flash_attention,
+        "precision": {
+            **attrs.asdict(plan.precision),
+            "optimizer_states": plan.precision.optimizer_states,
+            "weight_bytes": plan.precision.weight_bytes,
+        },
         "shape": attrs.asdict(plan.shape) if plan.shape is not None else None,
         "activations": (
             {**attrs.asdict(plan.activations), "total": plan.activations.total}

@@ -49,8 +49,8 @@ def test_the_70b_example_recommends_what_fits_after_activations_and_headroom(
     )
     assert code == 0
     lines = out.splitlines()
-    assert "GPU 80.00 GiB less headroom 10.00 GiB (2.00 GiB + 10% of the GPU) = 70.00 GiB usable" in lines[1]
-    assert lines[2].startswith("activations 5.26 GiB = 80 layer inputs 2.50 + one layer recomputed 1.78")
+    assert "GPU 80.00 GiB less headroom 10.00 GiB (2.00 GiB + 10% of the GPU) = 70.00 GiB usable" in lines[2]
+    assert lines[3].startswith("activations 5.26 GiB = 80 layer inputs 2.50 + one layer recomputed 1.78")
     assert "seq 2048" in out and "micro-batch 1, gradient checkpointing;" in out
     assert (
         "   3      none       none      77.84          5.26      10.00    93.10    46.97       -  no            0"
@@ -172,8 +172,8 @@ def test_plan_reads_a_lora_job(capsys: pytest.CaptureFixture[str], tmp_path: Pat
 
 
 def test_plan_counts_a_dpo_jobs_reference(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    """--model on a task = "dpo" job counts its reference (16-bit weights, whole below stage 3), at [dpo] max_length
-    tokens and two rows a pair; precompute = true keeps no reference, and --reference adds one to any plan."""
+    """--model on a task = "dpo" job counts its reference (its weights as trained: fp32 here, whole below stage 3), at
+    [dpo] max_length tokens and two rows a pair; precompute = true keeps no reference, and --reference adds one."""
     job = tmp_path / "job.toml"
     text = (
         'task = "dpo"\n[model]\ntokenizer = "byte"\n[model.config]\nmodel_type = "llama"\nhidden_size = 4096\n'
@@ -196,7 +196,7 @@ def test_plan_counts_a_dpo_jobs_reference(capsys: pytest.CaptureFixture[str], tm
     assert not any(note.startswith("reference model") for note in precomputed["notes"])
     stage0 = next(r for r in with_reference["rows"] if r["stage"] == 0)
     alone = next(r for r in precomputed["rows"] if r["stage"] == 0)
-    assert stage0["gpu_bytes_per_device"] - alone["gpu_bytes_per_device"] == 2 * with_reference["params"]
+    assert stage0["gpu_bytes_per_device"] - alone["gpu_bytes_per_device"] == 4 * with_reference["params"]
     assert any(note.startswith("reference model") for note in planned("--reference")["notes"])
 
 
@@ -221,3 +221,72 @@ def test_plan_counts_a_grpo_jobs_reference_only_with_a_kl_term(
 
     assert not any(n.startswith("reference model") for n in notes(""))
     assert any(n.startswith("reference model") for n in notes("[grpo]\nbeta = 0.04\n"))
+
+
+def _precision_job(tmp_path: Path, training: str = "", overrides: str = "") -> Path:
+    """A ZeRO-3 job on 2 GPUs whose [training] and [strategy.overrides] end with the lines given."""
+    job = tmp_path / "job.toml"
+    job.write_text(
+        '[model]\ntokenizer = "byte"\n[model.config]\nmodel_type = "llama"\nhidden_size = 128\n'
+        "intermediate_size = 256\nnum_hidden_layers = 4\nnum_attention_heads = 4\nvocab_size = 384\n"
+        '[data]\npath = "train.jsonl"\nformat = "text"\nmax_length = 64\n'
+        f"[training]\nper_device_train_batch_size = 4\nmax_steps = 10\n{training}"
+        f'[strategy]\nconfig = "zero3"\n[strategy.overrides]\n{overrides}[launch]\nnproc_per_node = 2\n'
+    )
+    (tmp_path / "train.jsonl").write_text('{"text": "hi"}\n')
+    return job
+
+
+def test_plan_counts_a_jobs_precision_as_its_run_resolves_it(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Issue 41: an fp32 job and a bf16 job plan different rows, each with DeepSpeed's bytes per parameter for its
+    precision, and the plan says which precision, model dtype and optimizer it counted."""
+
+    def planned(job: Path, *flags: str) -> dict[str, Any]:
+        assert main(["plan", "--model", str(job), "--json", *flags]) == 0
+        return dict(json.loads(capsys.readouterr().out))
+
+    fp32 = planned(_precision_job(tmp_path))
+    bf16 = planned(_precision_job(tmp_path, "bf16 = true\n"))
+    P, L = fp32["params"], fp32["largest_layer_params"]
+    assert (P, L) == (bf16["params"], bf16["largest_layer_params"]) == (754_816, 49_152)
+    rows = {p["precision"]["training"]: {(r["stage"], r["offload_optimizer"], r["offload_param"]): r for r in p["rows"]}
+            for p in (fp32, bf16)}  # fmt: skip
+    assert rows["fp32"][0, "none", "none"]["gpu_bytes_per_device"] == 16 * P == 12_077_056
+    assert rows["bf16"][0, "none", "none"]["gpu_bytes_per_device"] == 20 * P == 15_096_320
+    assert rows["fp32"][3, "none", "none"]["gpu_bytes_per_device"] == 8 * L + 16 * P // 2 == 6_431_744
+    assert rows["bf16"][3, "none", "none"]["gpu_bytes_per_device"] == 4 * L + 18 * P // 2 == 6_989_952
+    assert rows["fp32"][2, "none", "none"]["bytes_per_param"] == {"weights": 4, "gradients": 4, "optimizer": 16}
+    assert fp32["precision"] == {"training": "fp32", "dtype": None, "optimizer": "AdamW", "states": None,
+                                 "optimizer_states": 2, "weight_bytes": 4}  # fmt: skip
+    assert bf16["precision"]["training"] == "bf16" and bf16["precision"]["weight_bytes"] == 2
+    assert main(["plan", "--model", str(_precision_job(tmp_path))]) == 0
+    text = capsys.readouterr().out
+    assert text.splitlines()[1:3] == [
+        "model states: fp32 (model dtype fp32), AdamW; bytes per parameter: weights 4, gradients 4, optimizer",
+        "  16 (stages 1-2 and offload; stage 3: 12; stage 0: 8)",
+    ]
+    assert main(["plan", "--model", str(_precision_job(tmp_path, "bf16 = true\n"))]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == (
+        "model states: bf16 mixed precision, AdamW; bytes per parameter: weights 2, gradients 2, optimizer 16"
+    )
+
+
+def test_plan_reads_the_precision_from_the_jobs_config_and_the_flags_win(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """fp16 enabled in the job's ds_config (not [training]) is planned as fp16, [model] dtype counts in fp32
+    training, and --precision / --optimizer override the job's."""
+
+    def precision(job: Path, *flags: str) -> dict[str, Any]:
+        assert main(["plan", "--model", str(job), "--json", *flags]) == 0
+        return dict(json.loads(capsys.readouterr().out)["precision"])
+
+    assert precision(_precision_job(tmp_path, overrides="fp16 = {enabled = true}\n"))["training"] == "fp16"
+    job = _precision_job(tmp_path)
+    job.write_text(job.read_text().replace('tokenizer = "byte"\n', 'tokenizer = "byte"\ndtype = "bf16"\n'))
+    assert precision(job)["weight_bytes"] == 2
+    flagged = precision(job, "--precision", "bf16", "--optimizer", "Lion")
+    assert (flagged["training"], flagged["optimizer"], flagged["optimizer_states"]) == ("bf16", "Lion", 1)
+    assert precision(job, "--optimizer", "SGD")["optimizer_states"] == 1

@@ -197,8 +197,9 @@ def test_table_marks_the_pick_and_says_activations_are_left_out() -> None:
     p = plan(params=7e9, gpus_per_node=8, gpu_memory=24 * GiB)
     text = format_plan_table(p)
     lines = text.splitlines()
-    assert lines[:4] == [
+    assert lines[:5] == [
         "7.00B parameters (given; largest layer unknown), 8 GPUs per node x 1 node",
+        "model states: bf16 mixed precision, AdamW; bytes per parameter: weights 2, gradients 2, optimizer 16",
         "GPU 24.00 GiB less headroom 4.40 GiB (2.00 GiB + 10% of the GPU) = 19.60 GiB usable",
         "activations not counted: the model's shape is unknown (give its config)",
         "CPU not given; sizes in GiB per GPU (CPU and NVMe per node); rows fastest first",
@@ -216,7 +217,8 @@ def test_table_shows_states_activations_headroom_and_the_total() -> None:
     """Each row reads: model states + activations + headroom = GPU total; the assumptions are printed above."""
     text = format_plan_table(plan(model=LLAMA_3_70B, gpus_per_node=8, nodes=2, gpu_memory="80GiB"))
     lines = text.splitlines()
-    assert lines[1:5] == [
+    assert lines[1:6] == [
+        "model states: bf16 mixed precision, AdamW; bytes per parameter: weights 2, gradients 2, optimizer 16",
         "GPU 80.00 GiB less headroom 10.00 GiB (2.00 GiB + 10% of the GPU) = 70.00 GiB usable",
         "activations 5.26 GiB = 80 layer inputs 2.50 + one layer recomputed 1.78 + fp32 logits 0.98 (seq 2048",
         "  x micro-batch 1, gradient checkpointing; hidden 8192, 64 heads, vocab 128256)",
@@ -224,7 +226,7 @@ def test_table_shows_states_activations_headroom_and_the_total() -> None:
     ]
     header = ["stage", "optimizer", "params", "states", "+activations", "+headroom", "=GPU", "CPU", "NVMe", "fits"]
     header += ["max", "micro"]
-    assert lines[6].split() == header
+    assert lines[7].split() == header
     assert (
         "   3      none       none      77.84          5.26      10.00    93.10    46.97       -  no            0"
         in lines
@@ -262,7 +264,12 @@ def test_plan_to_json_is_json() -> None:
         "max_micro_batch": None,
         "fits": False,
         "recommended": False,
+        "bytes_per_param": {"weights": 2, "gradients": 2, "optimizer": 16},
     }
+    assert data["precision"] == {
+        "training": "bf16", "dtype": None, "optimizer": "AdamW", "states": None, "optimizer_states": 2,
+        "weight_bytes": 2,
+    }  # fmt: skip
     assert (data["headroom_bytes"], data["usable_gpu_memory"]) == (
         2 * GiB + 24 * GiB // 10,
         24 * GiB - 2 * GiB - 24 * GiB // 10,

@@ -6,7 +6,8 @@ import pytest
 from _plan_helpers import SMALL, GiB
 
 from dsbuild import Config, InvalidValueError
-from dsbuild.planner import SPEED_ORDER, model_state_bytes, plan
+from dsbuild.planner import SPEED_ORDER, Precision, StateBytes, model_state_bytes, plan
+from dsbuild.planner.precision import DTYPE_BYTES
 from dsbuild.validate import validate
 
 # -- rows ---------------------------------------------------------------------------
@@ -238,3 +239,57 @@ def test_bad_arguments_are_reported_together() -> None:
         plan(params="7B", headroom="5")
     with pytest.raises(InvalidValueError, match=r"^gpu_memory: got '24 gigs'"):
         plan(params="7B", gpu_memory="24 gigs")
+
+
+# -- precision, model dtype and optimizer ------------------------------------------------
+
+
+def test_fp32_rows_keep_what_deepspeed_allocates_for_fp32_training() -> None:
+    """fp32 AdamW: 4-byte weights and gradients; stage 0 adds only the 2 moments, stages 1-2 ZeRO's fp32 clone and
+    fp32 gradients, stage 3 no clone (its fp32 partition is updated in place) unless offloaded."""
+    P, L, N = 10**9, 10**8, 4
+    fp32, bf16 = (plan(params=P, largest_layer_params=L, gpus_per_node=N, precision=p) for p in ("fp32", "bf16"))
+    assert fp32.row(0).gpu_bytes_per_device == 16 * P  # 4 weights + 4 gradients + 8 moments
+    assert fp32.row(1).gpu_bytes_per_device == 8 * P + 16 * P // N
+    assert fp32.row(2).gpu_bytes_per_device == 4 * P + 20 * P // N
+    assert fp32.row(1, "cpu").gpu_bytes_per_device == 8 * P
+    assert fp32.row(3).gpu_bytes_per_device == 8 * L + 16 * P // N  # the gathered layer: 4 + 4 bytes
+    assert fp32.row(3, "cpu").gpu_bytes_per_device == 8 * L + 4 * P // N
+    assert fp32.row(3, "cpu").cpu_bytes_per_node == int(16 * P * 1.5)  # the clone offloaded with the moments
+    assert fp32.row(3, "cpu", "cpu").cpu_bytes_per_node == int(20 * P * 1.5)
+    assert [r.gpu_bytes_per_device for r in fp32.rows] != [r.gpu_bytes_per_device for r in bf16.rows]
+    assert (bf16.row(0).gpu_bytes_per_device, bf16.row(3).gpu_bytes_per_device) == (20 * P, 4 * L + 18 * P // N)
+
+
+def test_the_model_dtype_counts_only_in_fp32_training_and_the_optimizer_its_states() -> None:
+    """Mixed precision casts the model to 16 bits whatever its dtype; fp32 training keeps the dtype it was loaded in
+    (a bf16 model: 2-byte weights, ZeRO's master copy in fp32); Lion keeps 1 state, SGD without momentum none."""
+    assert Precision("bf16", "fp32").per_param(2) == Precision("bf16").per_param(2) == StateBytes(2, 2, 16)
+    assert Precision("fp32", "bf16").per_param(2) == StateBytes(2, 2, 16)
+    assert Precision("fp32", "bf16").per_param(3) == StateBytes(2, 2, 16)  # a bf16 partition: an fp32 copy
+    assert Precision("fp32", "bf16").per_param(0) == StateBytes(2, 2, 4)  # torch's moments in the weights' dtype
+    assert Precision("fp16", optimizer="Lion").per_param(2) == StateBytes(2, 2, 12)
+    assert Precision("fp32", optimizer="SGD", states=0).per_param(3) == StateBytes(4, 4, 4)
+    assert Precision(optimizer="Muon").optimizer_states == 2  # not listed: counted as Adam
+    lion = plan(params=10**9, precision=Precision("bf16", optimizer="Lion"))
+    assert lion.row(0).gpu_bytes_per_device == 16 * 10**9
+    with pytest.raises(InvalidValueError, match="precision: got 'fp8', expected 'bf16', 'fp16', 'fp32'"):
+        plan(params="1B", precision="fp8")
+
+
+def test_precision_of_a_config_is_its_enabled_section_and_optimizer() -> None:
+    """Precision.of reads a resolved config as DeepSpeed does: bf16 or fp16 enabled, else fp32; the optimizer's
+    type, an SGD without momentum keeping no state."""
+    assert Precision.of(Config.zero(3).bf16()) == Precision("bf16", None, "AdamW")
+    assert Precision.of(Config.zero(2).fp16().lion(lr=1e-4)) == Precision("fp16", None, "Lion")
+    assert Precision.of(Config.zero(2), "bf16") == Precision("fp32", "bf16", "AdamW")
+    sgd = Precision.of(Config.zero(1).optimizer("SGD", lr=0.1))
+    assert (sgd.optimizer, sgd.optimizer_states) == ("SGD", 0)
+    assert Precision.of(Config.zero(1).optimizer("SGD", lr=0.1, momentum=0.9)).optimizer_states == 1
+
+
+def test_dtype_bytes_name_every_job_dtype() -> None:
+    """The planner knows the bytes of every [model] dtype a job may give."""
+    from dsbuild.job.spec import DTYPES
+
+    assert {*DTYPE_BYTES, "auto"} == set(DTYPES)
