@@ -10,5 +10,6 @@ require("dsbuild.Session")  # torch, deepspeed, transformers, peft: else the exa
 
 from .building import ready_for_zero_init  # noqa: E402
 from .session import Session, SessionError, StepOutput  # noqa: E402
+from .weights import WeightSink, full_parameters, stream_to  # noqa: E402
 
-__all__ = ["Session", "SessionError", "StepOutput", "ready_for_zero_init"]
+__all__ = ["Session", "SessionError", "StepOutput", "WeightSink", "full_parameters", "ready_for_zero_init", "stream_to"]
