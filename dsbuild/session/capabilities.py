@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import distributed
 from .logprobs import token_logps
+from .offload import at_home
 
 if TYPE_CHECKING:
     import contextlib
@@ -28,6 +29,9 @@ class Capabilities:
 
     infer_batch_size: int
     built_from: BuiltFrom | None
+    offloading: tuple[str, ...] = ()
+    """The states ``offloaded()`` has in CPU memory now (DeepSpeed's names; none outside it): the verbs that need one
+    are refused meanwhile (``offload.NEEDS``)."""
 
     @property
     def engine(self) -> DeepSpeedEngine:
@@ -43,6 +47,7 @@ class Capabilities:
 
         return reference_of(self, path, offload=offload, dropout_off=disable_dropout)  # type: ignore[arg-type]
 
+    @at_home
     @distributed.quietly
     def logprobs(
         self, batch: Mapping[str, Any], completion_mask: torch.Tensor | None = None, temperature: float = 1.0
@@ -57,6 +62,7 @@ class Capabilities:
             batch_size=self.infer_batch_size, grad=True, device=engine.device,
         )  # fmt: skip
 
+    @at_home
     def gathered(self) -> contextlib.AbstractContextManager[Any]:
         """The whole model on every rank for the duration (ZeRO-3's hooks off, gradient checkpointing off, eval mode),
         put back on exit (``generation.gathered``). Collective."""
@@ -64,6 +70,7 @@ class Capabilities:
 
         return gathered(self)  # type: ignore[arg-type]
 
+    @at_home
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs: Any) -> Any:
         """HF ``generate`` on the model that never deadlocks under ZeRO-3 when ranks finish at different lengths
         (``generation.generate``). Collective under ZeRO-3."""
@@ -78,6 +85,7 @@ class Capabilities:
 
         return offloaded(self, include, **kwargs)  # type: ignore[arg-type]
 
+    @at_home
     def full_parameters(self, bucket_mb: float = 1024, merge_lora: bool = True) -> Iterator[tuple[str, Any]]:
         """``(HF name, full tensor)`` of every weight, one bucket gathered at a time, LoRA merged per layer
         (``weights.full_parameters``). A collective iterator: every rank walks it to the end."""

@@ -35,6 +35,7 @@ import torch
 
 from ..errors import SessionError
 from . import distributed
+from .offload import refuse_inside
 
 __all__ = ["gathered", "generate", "is_gathered"]
 
@@ -69,7 +70,9 @@ def gathered(session: Generating) -> Iterator[Any]:
     #1617); on exit the hooks are registered again (DeepSpeed then records its prefetch trace anew) and the weights
     re-partitioned, unchanged. At every stage: eval mode and gradient checkpointing off, each module's flags put back
     on exit. Everything is put back also when the body raises. A ``gathered`` inside another of the same model does
-    nothing more. Change no weight inside: the changes are dropped on exit."""
+    nothing more. Change no weight inside: the changes are dropped on exit. Refused inside ``offloaded()`` with
+    ``lp_params`` away."""
+    refuse_inside(session, "gathered")
     engine = session.engine
     module = engine.module
     if _GATHERED.get(module, 0) > 0:
@@ -98,7 +101,8 @@ def generate(
 
     Batched prompts are left-padded (``tokenizer.padding_side = "left"``) and come with their ``attention_mask``: a
     decoder-only model continues from the last position, so a row whose mask ends in 0 (right padding) is refused.
-    Without a mask HF builds one from ``pad_token_id``."""
+    Without a mask HF builds one from ``pad_token_id``. Refused inside ``offloaded()`` with ``lp_params`` away."""
+    refuse_inside(session, "generate")
     if getattr(session, "sequence_parallel_size", 1) > 1:
         raise SessionError(
             "generate under sequence parallelism: the model's attention is DeepSpeed's Ulysses attention, which "

@@ -20,18 +20,24 @@ Where DeepSpeed cannot move what is asked, ``offloaded`` refuses before anything
 DeepSpeed's ``FusedAdam``, states already offloaded (a nested ``offloaded``), a device other than ``"cpu"``. An
 optimizer offloaded to CPU or NVMe (``offload_optimizer``) is refused too: its states already live there, and
 DeepSpeed would silently leave them out (``_refine_include_states``) where OpenRLHF returns without offloading.
+
+Inside ``offloaded``, the session knows which states are away (``Capabilities.offloading``), and a verb that would use
+one is refused before DeepSpeed runs (``NEEDS``, ``at_home``): training and checkpoints need every state, the verbs
+that only run the model need ``lp_params`` (on an accelerator the weights would be in host memory: the forward fails,
+where on DeepSpeed's CPU accelerator it silently works).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
-from typing import Any, Final, Literal, Protocol
+import functools
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Final, Literal, ParamSpec, Protocol, TypeVar
 
 from .._util.suggest import did_you_mean
 from ..errors import InvalidValueError, Problem, SessionError
 
-__all__ = ["STATES", "State", "away", "offloaded", "refusal"]
+__all__ = ["NEEDS", "STATES", "State", "at_home", "away", "offloaded", "refusal", "refuse_inside"]
 
 State = Literal["optim_states", "hp_params", "lp_params", "lp_grads", "contiguous_grad_buffer"]
 """A state DeepSpeed moves (``deepspeed.runtime.zero.offload_config.OffloadStateTypeEnum``'s values)."""
@@ -132,15 +138,21 @@ def offloaded(
     from deepspeed.runtime.zero.offload_config import OffloadDeviceEnum, OffloadStateTypeEnum
 
     names = None if states is None else [OffloadStateTypeEnum(s) for s in states]
+    knows = hasattr(session, "offloading")  # a Session says which states are away; its verbs read it (at_home)
     try:
         engine.offload_states(
             include=names, device=OffloadDeviceEnum.cpu, pin_memory=pin_memory, non_blocking=non_blocking
         )
-        yield away(engine)
+        moved = away(engine)
+        if knows:
+            session.offloading = moved  # type: ignore[attr-defined]
+        yield moved
     finally:
         # Whatever moved comes back, also after an offload that failed half-way (DeepSpeed reloads only the states
         # its offloaded_states records).
         engine.reload_states(non_blocking=non_blocking)
+        if knows:
+            session.offloading = ()  # type: ignore[attr-defined]
 
 
 def away(engine: Any) -> tuple[State, ...]:
@@ -154,6 +166,66 @@ def rendered(problems: list[str]) -> str:
     if len(problems) == 1:
         return problems[0]
     return "\n".join([f"{len(problems)} problems:", *(f"  {p}" for p in problems)])
+
+
+# -- what a session refuses inside offloaded() --------------------------------------------------------------------
+
+NEEDS: Final[dict[str, tuple[tuple[State, ...], str]]] = {
+    "step": (STATES, "trains on every state"),
+    "fit": (STATES, "trains on every state"),
+    "save_checkpoint": (STATES, "writes the engine's states"),
+    "load_checkpoint": (STATES, "reads into the engine's states"),
+    "evaluate": (("lp_params",), "runs the model on 'lp_params' (its weights)"),
+    "logprobs": (("lp_params",), "runs the model on 'lp_params' (its weights)"),
+    "gathered": (("lp_params",), "gathers 'lp_params' (the model's weights)"),
+    "generate": (("lp_params",), "runs the model on 'lp_params' (its weights)"),
+    "full_parameters": (("lp_params",), "gathers 'lp_params' (the model's weights)"),
+    "save_model": (("lp_params",), "writes 'lp_params' (the model's weights)"),
+}
+"""Each session verb that uses the engine's states: which it needs (a call is refused inside ``offloaded`` when one of
+them is away, correct otherwise) and what it does with them (the refusal says it). docs/rl.md has it as a table."""
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def inside_refusal(session: Any, call: str) -> str | None:
+    """Why ``call`` (a verb of ``NEEDS``) cannot run on ``session`` now, or ``None``: inside ``offloaded``, a state it
+    needs is away (``session.offloading``; a reference model's engine is the policy's for a LoRA policy)."""
+    moved: tuple[State, ...] = getattr(session, "offloading", ())
+    needs, does = NEEDS[call]
+    if not set(moved) & set(needs):
+        return None
+    states = ", ".join(map(repr, moved))
+    are = "is" if len(moved) == 1 else "are"
+    if needs == STATES:
+        instead = f"call {call}() after the with block, which brings them back"
+    else:
+        kept = [s for s in moved if s not in needs]
+        instead = f"call {call}() outside the with block, or offload without 'lp_params'" + (
+            f" (offloaded(include={kept!r}))" if kept else ""
+        )
+    return f"{call}() inside offloaded(): {states} {are} offloaded to CPU memory, and {call}() {does}; {instead}"
+
+
+def refuse_inside(session: Any, call: str) -> None:
+    """``SessionError`` (``inside_refusal``'s reason) when ``call`` cannot run on ``session`` now, before DeepSpeed
+    runs; nothing otherwise."""
+    problem = inside_refusal(session, call)
+    if problem is not None:
+        raise SessionError(problem)
+
+
+def at_home(method: Callable[_P, _R]) -> Callable[_P, _R]:
+    """A session's verb (its name in ``NEEDS``) refused inside ``offloaded`` while a state it needs is away."""
+    call = method.__name__
+
+    @functools.wraps(method)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        refuse_inside(args[0], call)
+        return method(*args, **kwargs)
+
+    return wrapper
 
 
 # -- what DeepSpeed cannot do -------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from ..errors import SessionError
 from ..outputs import history, manifest
 from ..outputs.run_folder import RunFolder
 from . import batches, checkpoints, distributed, export, loop, weights_only
+from .offload import at_home
 
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
@@ -56,6 +57,7 @@ class Persist:
             raise SessionError("no checkpoint directory: pass a path, or output_dir= to the Session")
         return RunFolder(self.output_dir).checkpoints
 
+    @at_home
     @distributed.quietly
     def save_checkpoint(self, path: str | os.PathLike[str] | None = None, tag: str | None = None) -> str:
         """Collective: save engine, optimizer, scheduler, data position and RNG states, verified (a manifest of
@@ -70,6 +72,7 @@ class Persist:
             self.hooks.after_save(self._checkpoint_dir(path) / tag)
         return tag
 
+    @at_home
     @distributed.quietly
     def load_checkpoint(self, path: str | os.PathLike[str] | None = None, tag: str | None = None) -> dict[str, Any]:
         """Collective: restore a verified checkpoint (without ``tag``, the newest that verifies; a run whose facts
@@ -92,6 +95,7 @@ class Persist:
                 "batch_in_epoch": self.position.batch_in_epoch, "micro_batches": engine.micro_steps,
                 "skipped": skipped}  # fmt: skip
 
+    @at_home
     @distributed.quietly
     def save_model(self, path: str | os.PathLike[str] | None = None, merge_lora: bool = False) -> Path:
         """Collective: rank 0 writes the trained model to ``path`` in HF format (safetensors).

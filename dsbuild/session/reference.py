@@ -31,6 +31,7 @@ from ..errors import SessionError
 from . import building, distributed
 from .export import is_peft
 from .logprobs import token_logps
+from .offload import refuse_inside
 from .setup import DEFAULT_SEED, seed_everything
 
 if TYPE_CHECKING:
@@ -94,7 +95,10 @@ class Reference:
     ) -> torch.Tensor:
         """Per-token log-probs of ``batch`` under the reference, fp32, no gradients (``Session.logprobs``'s rules:
         ``(rows, length)``, 0 outside ``completion_mask``); ``infer_batch_size`` rows per forward. Collective under
-        ZeRO-3: every rank calls it, with the same number of rows."""
+        ZeRO-3: every rank calls it, with the same number of rows. A LoRA policy's adapters-off reference runs on the
+        policy's weights: refused inside the policy's ``offloaded()`` with ``lp_params`` away."""
+        if self.adapters_off:
+            refuse_inside(self.policy, "logprobs")
         with self._scoring():
             return token_logps(
                 self.engine, batch, completion_mask=completion_mask, temperature=temperature,

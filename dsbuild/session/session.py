@@ -21,6 +21,7 @@ from . import batches, distributed, loop, parallel
 from .batches import StepOutput, counts
 from .capabilities import Capabilities
 from .engine import Engine
+from .offload import at_home
 from .persist import Persist
 from .reference import BuiltFrom
 from .setup import (
@@ -200,6 +201,7 @@ class Session(Persist, Capabilities):
         self.engine  # noqa: B018 - built: the sum over the processes runs on its device
         return self._engine.items_in_step(micro_batches)
 
+    @at_home
     @distributed.quietly
     def step(
         self, batch: Any, loss_fn: Callable[[Any, Any], Any] | None = None, *, num_items_in_batch: int | None = None
@@ -208,8 +210,7 @@ class Session(Persist, Capabilities):
 
         A dict batch goes to ``model(**batch)``; else ``loss_fn(model, batch)`` returns the loss. With
         ``num_items_in_batch`` (``items_in_step``) the loss is the HF Trainer's, summed over the step's trained tokens
-        and divided by the count; without it, DeepSpeed's mean over the accumulation steps (docs/session.md).
-        """
+        and divided by the count; without it, DeepSpeed's mean over the accumulation steps (docs/session.md)."""
         self.engine  # noqa: B018 - built on first use
         return self._engine.micro_step(batch, loss_fn, num_items_in_batch, None)
 
@@ -242,6 +243,7 @@ class Session(Persist, Capabilities):
 
     # -- the loop ----------------------------------------------------------------------------------------------------
 
+    @at_home
     @distributed.quietly
     def fit(
         self,
@@ -312,6 +314,7 @@ class Session(Persist, Capabilities):
 
     # -- evaluation, checkpoints, export -------------------------------------------------------------------------------
 
+    @at_home
     @distributed.quietly
     def evaluate(
         self,

@@ -27,6 +27,7 @@ import torch
 
 from ..errors import InvalidValueError, Problem, SessionError
 from .export import is_peft
+from .offload import refuse_inside
 
 __all__ = ["WeightSink", "full_parameters", "stream_to"]
 
@@ -54,7 +55,9 @@ whole."""
 def full_parameters(session: HasEngine, bucket_mb: float = 1024, merge_lora: bool = True) -> Iterator[tuple[str, Any]]:
     """``(HF name, full tensor)`` for every weight of the session's model, at most one bucket of ``bucket_mb``
     gathered at a time, LoRA merged per layer (module docstring). A collective iterator under ZeRO-3: every rank
-    walks it to the end. ``AutoTP`` is refused (each rank holds a slice that ``GatheredParameters`` does not join)."""
+    walks it to the end. ``AutoTP`` is refused (each rank holds a slice that ``GatheredParameters`` does not join), and
+    so is a walk inside ``offloaded()`` with ``lp_params`` away."""
+    refuse_inside(session, "full_parameters")
     if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, int | float) or not bucket_mb > 0:
         raise InvalidValueError([Problem("bucket_mb", f"got {bucket_mb!r}, expected a positive number of megabytes")])
     engine = session.engine

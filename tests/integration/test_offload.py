@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import torch
-from _session_common import batch, tiny_llama
+from _session_common import TokenData, batch, tiny_llama
 
 from dsbuild import Config
 from dsbuild.errors import InvalidValueError, SessionError
@@ -287,3 +287,168 @@ def test_offload_between_every_step_trains_bitwise_as_without_it(tmp_path: Path)
             }
             assert [k for k in plain if not torch.equal(plain[k], moved[k])] == []
             assert all(plain[f"group{g}.step"].item() == 3 and plain[f"group{g}.exp_avg"].any() for g in (0, 1))
+
+
+# -- the session's verbs inside offloaded(): refused before DeepSpeed runs, or correct ---------------------------------
+
+AWAY = "'optim_states', 'hp_params', 'lp_params', 'lp_grads' are offloaded to CPU memory"
+"""What DeepSpeed's default moves at ZeRO-2, as a refusal names it."""
+
+
+def _training(call: str, does: str) -> str:
+    return f"{call}() inside offloaded(): {AWAY}, and {call}() {does}; call {call}() after the with block, which brings them back"
+
+
+def _weights(call: str, does: str) -> str:
+    return (
+        f"{call}() inside offloaded(): {AWAY}, and {call}() {does}; call {call}() outside the with block, or offload "
+        "without 'lp_params' (offloaded(include=['optim_states', 'hp_params', 'lp_grads']))"
+    )
+
+
+def _gathered(s: Session) -> None:
+    with s.gathered():
+        pass
+
+
+def _streamed(s: Session) -> int:
+    from dsbuild.session import stream_to
+
+    return stream_to(s, lambda name, tensor: None)
+
+
+MISUSES: dict[str, tuple[Any, str]] = {
+    "step": (lambda s, tmp: s.step(batch(seed=4)), _training("step", "trains on every state")),
+    "fit": (lambda s, tmp: s.fit(TokenData(4), max_steps=1), _training("fit", "trains on every state")),
+    "save_checkpoint": (
+        lambda s, tmp: s.save_checkpoint(tmp),
+        _training("save_checkpoint", "writes the engine's states"),
+    ),
+    "load_checkpoint": (
+        lambda s, tmp: s.load_checkpoint(tmp),
+        _training("load_checkpoint", "reads into the engine's states"),
+    ),
+    "evaluate": (
+        lambda s, tmp: s.evaluate(TokenData(2)),
+        _weights("evaluate", "runs the model on 'lp_params' (its weights)"),
+    ),
+    "logprobs": (
+        lambda s, tmp: s.logprobs(batch()),
+        _weights("logprobs", "runs the model on 'lp_params' (its weights)"),
+    ),
+    "gathered": (lambda s, tmp: _gathered(s), _weights("gathered", "gathers 'lp_params' (the model's weights)")),
+    "generate": (
+        lambda s, tmp: s.generate(batch()["input_ids"][:, :4], max_new_tokens=2),
+        _weights("generate", "runs the model on 'lp_params' (its weights)"),
+    ),
+    "full_parameters": (
+        lambda s, tmp: s.full_parameters(),
+        _weights("full_parameters", "gathers 'lp_params' (the model's weights)"),
+    ),
+    "stream_to": (
+        lambda s, tmp: _streamed(s),
+        _weights("full_parameters", "gathers 'lp_params' (the model's weights)"),
+    ),
+    "save_model": (
+        lambda s, tmp: s.save_model(tmp),
+        _weights("save_model", "writes 'lp_params' (the model's weights)"),
+    ),
+}
+
+
+def _model_weights(s: Session) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in s.engine.module.parameters()]
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("call", list(MISUSES))
+def test_a_verb_that_uses_an_offloaded_state_is_refused_inside_and_the_engine_trains_after(
+    zero2: Session, call: str, tmp_path: Path
+) -> None:
+    """Inside offloaded() (every state away), each verb that would use an away state raises SessionError naming the
+    call, the states and what to do, before DeepSpeed runs (no state moved, no step taken, nothing written); after the
+    block a step changes the weights."""
+    verb, message = MISUSES[call]
+    steps = zero2.engine.global_steps
+    with offloaded(zero2):
+        inside = where(zero2.engine)
+        with pytest.raises(SessionError) as raised:
+            verb(zero2, tmp_path / "out")
+        assert where(zero2.engine) == inside and zero2.offloading == ZERO12
+    assert str(raised.value) == message
+    assert zero2.engine.global_steps == steps and not (tmp_path / "out").exists()
+    assert zero2.offloading == () and away(zero2.engine) == ()
+    before = _model_weights(zero2)
+    assert zero2.step(batch(seed=5)).global_step == steps + 1
+    assert any(not torch.equal(a, b) for a, b in zip(before, _model_weights(zero2), strict=True))
+
+
+@pytest.fixture(scope="module")
+def zero3() -> Session:
+    return trained(Config.zero(3).adamw(lr=1e-2))
+
+
+KEEPS_WEIGHTS = ["optim_states", "hp_params", "lp_grads", "contiguous_grad_buffer"]
+"""Every ZeRO-3 state but the weights the model computes with."""
+
+
+def _full(s: Session) -> dict[str, torch.Tensor]:
+    return {name: tensor.clone() for name, tensor in s.full_parameters()}
+
+
+def _saved(s: Session, tmp: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(s.save_model(tmp) / "model.safetensors"))
+
+
+CORRECT: dict[str, Any] = {
+    "logprobs": lambda s, tmp: s.logprobs(batch()).detach(),
+    "evaluate": lambda s, tmp: s.evaluate(TokenData(2)),
+    "generate": lambda s, tmp: s.generate(batch()["input_ids"][:, :4], max_new_tokens=3),
+    "full_parameters": lambda s, tmp: _full(s),
+    "save_model": _saved,
+}
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return bool(torch.equal(a, b)) if torch.is_tensor(a) else bool(a == b)
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("call", list(CORRECT))
+def test_a_verb_that_only_runs_the_model_is_correct_inside_while_the_weights_stay(
+    zero3: Session, call: str, tmp_path: Path
+) -> None:
+    """ZeRO-3, every state offloaded but lp_params: the verbs that only run or gather the model give exactly what they
+    give outside offloaded(), and training goes on after."""
+    verb = CORRECT[call]
+    outside = verb(zero3, tmp_path / "outside")
+    with offloaded(zero3, KEEPS_WEIGHTS) as moved:
+        assert moved == tuple(KEEPS_WEIGHTS) == zero3.offloading
+        inside = verb(zero3, tmp_path / "inside")
+    assert _same(inside, outside)
+    assert zero3.step(batch(seed=6)).loss > 0
+
+
+@pytest.mark.engine
+def test_a_lora_policys_own_reference_is_refused_inside_and_a_second_engines_is_correct() -> None:
+    """A LoRA policy's reference runs on the policy's weights: refused inside the policy's offloaded() as logprobs is;
+    a reference of its own engine (a full policy's) scores inside exactly as outside."""
+    lora = {"r": 4, "lora_alpha": 8, "lora_dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
+    policy = Session.from_pretrained(tiny_llama(), Config.zero(2).adamw(lr=1e-2).batch(micro=2), lora=lora)
+    policy.step(batch())
+    own = policy.reference()
+    with offloaded(policy), pytest.raises(SessionError) as raised:
+        own.logprobs(batch())
+    assert str(raised.value) == _weights("logprobs", "runs the model on 'lp_params' (its weights)")
+    assert own.logprobs(batch()).shape == (2, 16)
+
+    full = trained(Config.zero(2).adamw(lr=1e-2))
+    separate = full.reference()
+    outside = separate.logprobs(batch())
+    with offloaded(full):
+        inside = separate.logprobs(batch())
+    assert torch.equal(inside, outside)
