@@ -20,6 +20,7 @@ from .._util.suggest import did_you_mean
 from ..config.fields import Spec, check_value, coerce, describe
 from ..errors import ConfigError, Problem
 from .spec import Key, job_keys, table_keys
+from .trl_keys import NOT_RUN
 
 __all__ = ["ABSENT", "BAD", "Check", "Collector", "Reader"]
 
@@ -104,13 +105,15 @@ class Collector:
         """A problem for each key of ``table`` not in ``known``, with the likeliest meant one."""
         hints = HINTS.get(path, {})
         for key in table:
-            if key in known:
+            if key in known or key in NOT_RUN.get(path, {}):  # TRL's keys a job does not run: named by its checks
                 continue
             where = f"{path}.{key}" if path else str(key)
             if key in hints:
                 hint: str | None = f"did you mean {hints[key]}?"
             elif not path and key in _ds_keys():
                 hint = f"ds_config keys go under [strategy.overrides]: strategy.overrides.{key}"
+            elif path in NOT_RUN and key in _training_names():
+                hint = f"a training argument of TRL's config: set training.{key}"
             else:
                 hint = did_you_mean(str(key), known)
             self.problems.append(Problem.unknown_key(where, hint))
@@ -177,3 +180,11 @@ def _ds_keys() -> frozenset[str]:
     from ..config.fields import key_of
 
     return frozenset({key_of(a) for a in attrs.fields(Config) if not a.name.startswith("_")} | set(PASSTHROUGH_KEYS))
+
+
+@cache
+def _training_names() -> frozenset[str]:
+    """The training arguments' names (for "this goes under [training]")."""
+    from ..resolve.training import Training
+
+    return frozenset(a.name for a in attrs.fields(Training) if a.name != "given")

@@ -50,7 +50,9 @@ from .spec import (
     RewardsSpec,
     RolloutSpec,
     StrategySpec,
+    job_keys,
 )
+from .trl_keys import not_run
 
 __all__ = ["CHECKS", "READERS"]
 
@@ -371,19 +373,20 @@ def loss_weights(c: Collector, value: Any, path: str, _: Mapping[str, Any]) -> A
     return value
 
 
-JOB_REFUSES: Final = {
-    "use_weighting": "WPO's weighting is not built into dsbuild train (dsbuild.rl.dpo_loss takes no weights)",
-    "sync_ref_model": "TR-DPO's reference sync is not built into dsbuild train",
-    "precompute_ref_log_probs": "a job's reference is [reference]'s: set reference.precompute = true",
-}
-"""``DPOConfig`` options a DPO job refuses when on, and why."""
+def trl_not_run(c: Collector, values: dict[str, Any], path: str, table: Mapping[str, Any]) -> None:
+    """What ``dsbuild train`` does not run of TRL's ``DPOConfig`` / ``GRPOConfig``, refused by key at other than the
+    value that runs, with what to write instead (``trl_keys.NOT_RUN``)."""
+    read = job_keys(DPOSpec if path == "dpo" else GRPOSpec)
+    c.problems.extend(not_run(path, table, values, read))
 
 
-def dpo_checks(c: Collector, values: dict[str, Any], path: str, table: Mapping[str, Any]) -> None:
-    """What ``dsbuild train`` does not run of TRL's options, refused when on."""
-    for key, why in JOB_REFUSES.items():
-        if values.get(key):
-            c.problem(f"{path}.{key}", why)
+def scale_rewards(c: Collector, value: Any, path: str, _: Mapping[str, Any]) -> Any:
+    """``grpo.scale_rewards``: a choice, or TRL's ``true`` / ``false`` (``"group"`` / ``"none"``)."""
+    if value is ABSENT:
+        return ABSENT
+    if isinstance(value, bool):
+        return "group" if value else "none"
+    return c.value(value, path, job_keys(GRPOSpec)["scale_rewards"].spec)  # type: ignore[arg-type]
 
 
 def rollout_checks(c: Collector, values: dict[str, Any], path: str, table: Mapping[str, Any]) -> None:
@@ -423,26 +426,10 @@ def rewards_checks(c: Collector, values: dict[str, Any], path: str, table: Mappi
                       "give one weight per function")  # fmt: skip
 
 
-GRPO_JOB_REFUSES: Final = {
-    "num_iterations": (1, "several optimisation passes over a generation batch are not built into dsbuild train"),
-    "sync_ref_model": (False, "the reference sync is not built into dsbuild train"),
-    "top_entropy_quantile": (1.0, "the entropy mask is not built into dsbuild train"),
-    "multi_objective_aggregation": ("sum_then_normalize", "only sum_then_normalize is built into dsbuild train"),
-    "num_generations_eval": (None, "a GRPO job does not evaluate (no eval data)"),
-}
-"""``GRPOConfig`` options a GRPO job refuses at other than their default, and why."""
-
-
-def grpo_checks(c: Collector, values: dict[str, Any], path: str, table: Mapping[str, Any]) -> None:
-    """What ``dsbuild train`` does not run of TRL's options, refused at other than their default."""
-    for key, (default, why) in GRPO_JOB_REFUSES.items():
-        if key in values and values[key] != default:
-            c.problem(f"{path}.{key}", f"{why}", f"leave it at {default!r}")
-
-
 READERS: Final[dict[tuple[type, str], Reader]] = {
     (DPOSpec, "loss_weights"): loss_weights,
     (RewardsSpec, "weights"): loss_weights,
+    (GRPOSpec, "scale_rewards"): scale_rewards,
     (ModelSpec, "config"): model_config,
     (ModelSpec, "attn_implementation"): attn_implementation,
     (ModelSpec, "lora"): lora,
@@ -465,9 +452,9 @@ CHECKS: Final[dict[type, tuple[Check, ...]]] = {
     StrategySpec: (strategy_checks,),
     LaunchSpec: (launch_checks,),
     ReferenceSpec: (reference_checks,),
-    DPOSpec: (dpo_checks,),
+    DPOSpec: (trl_not_run,),
     RolloutSpec: (rollout_checks,),
     RewardsSpec: (rewards_checks,),
-    GRPOSpec: (grpo_checks,),
+    GRPOSpec: (trl_not_run,),
 }
 """Each table's checks of its keys together, in order."""

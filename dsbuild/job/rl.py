@@ -295,6 +295,8 @@ class GRPOSpec:
     """Completions generated at once; default ``per_device_train_batch_size × world size × steps_per_generation``."""
     steps_per_generation: int | None = _field("grpo", None, "int", nullable=True, ge=1)
     """Micro-batch steps one generation feeds; default ``gradient_accumulation_steps``."""
+    shuffle_dataset: bool = _field("grpo", True, "bool")
+    """Draw the prompts in a seeded random order (TRL's ``RepeatSampler``), or in the file's order; default on."""
     ds3_gather_for_generation: bool = _field("grpo", True, "bool")
     """Under ZeRO-3, gather the whole policy on every rank to generate (fast, needs the memory); default on."""
     temperature: float = _field("grpo", 1.0, "float", gt=0)
@@ -323,6 +325,18 @@ class GRPOSpec:
     """Divide the advantages by the group's std (``"group"``, default), the batch's, or not (``"none"``)."""
     loss_type: str = _field("grpo", "dapo", "choice", choices=GRPO_LOSS_TYPES)
     """How token losses are aggregated (``GRPO_LOSS_TYPES``); default ``"dapo"``."""
+    sapo_temperature_neg: float = _field("grpo", 1.05, "float", gt=0)
+    """``sapo``'s temperature of the tokens of negative advantage; default 1.05."""
+    sapo_temperature_pos: float = _field("grpo", 1.0, "float", gt=0)
+    """``sapo``'s temperature of the tokens of positive advantage; default 1."""
+    vespo_k_pos: float = _field("grpo", 2.0, "float")
+    """``vespo``'s power ``k`` of the sequence weight of a positive advantage; default 2."""
+    vespo_lambda_pos: float = _field("grpo", 3.0, "float")
+    """``vespo``'s rate ``λ`` of the sequence weight of a positive advantage; default 3."""
+    vespo_k_neg: float = _field("grpo", 3.0, "float")
+    """``vespo``'s power ``k`` of the sequence weight of a negative advantage; default 3."""
+    vespo_lambda_neg: float = _field("grpo", 2.0, "float")
+    """``vespo``'s rate ``λ`` of the sequence weight of a negative advantage; default 2."""
     multi_objective_aggregation: str = _field(
         "grpo", "sum_then_normalize", "choice", choices=MULTI_OBJECTIVE_AGGREGATIONS
     )

@@ -38,17 +38,27 @@ RewardFunction = tuple[str, Callable[..., Any]]
 
 
 def prompt_order(
-    prompts: int, *, num_generations: int, batch_size: int, repeat_count: int, seed: int, epoch: int = 0
+    prompts: int,
+    *,
+    num_generations: int,
+    batch_size: int,
+    repeat_count: int,
+    seed: int,
+    epoch: int = 0,
+    shuffle: bool = True,
 ) -> list[int]:
     """The record indices of epoch ``epoch`` as TRL's ``RepeatSampler`` yields them: a permutation drawn from a
-    generator seeded with ``seed`` (the ``epoch``-th draw: TRL's generator goes on from epoch to epoch), cut into
-    chunks of ``batch_size`` prompts (an incomplete last chunk dropped), each chunk ``repeat_count`` times, each index
-    ``num_generations`` times in a row."""
-    generator = torch.Generator()
-    generator.manual_seed(seed)
-    for _ in range(epoch):
-        torch.randperm(prompts, generator=generator)
-    indexes = torch.randperm(prompts, generator=generator).tolist()
+    generator seeded with ``seed`` (the ``epoch``-th draw: TRL's generator goes on from epoch to epoch; in file order
+    without ``shuffle``, TRL's ``shuffle_dataset = False``), cut into chunks of ``batch_size`` prompts (an incomplete
+    last chunk dropped), each chunk ``repeat_count`` times, each index ``num_generations`` times in a row."""
+    if shuffle:
+        generator = torch.Generator()
+        generator.manual_seed(seed)
+        for _ in range(epoch):
+            torch.randperm(prompts, generator=generator)
+        indexes = torch.randperm(prompts, generator=generator).tolist()
+    else:
+        indexes = list(range(prompts))
     chunks = [indexes[i : i + batch_size] for i in range(0, len(indexes), batch_size)]
     return [
         index
@@ -81,7 +91,7 @@ class GenerationSampler(Sampler[int]):
         generation_batch = self.local * self.world_size
         return prompt_order(self.prompts, num_generations=self.spec.num_generations,
                             batch_size=generation_batch // self.spec.num_generations, repeat_count=1,
-                            seed=self.seed, epoch=self.epoch)  # fmt: skip
+                            seed=self.seed, epoch=self.epoch, shuffle=self.spec.shuffle_dataset)  # fmt: skip
 
     def __iter__(self) -> Iterator[int]:
         order = self._order()
@@ -335,6 +345,9 @@ class GRPOSteps:
             logps, None, batch["advantages"], mask.float(), ref_per_token_logps=batch.get("ref_logps"),
             beta=spec.beta, epsilon_low=spec.epsilon_low, epsilon_high=spec.upper_epsilon, delta=spec.delta,
             loss_type=spec.loss_type, importance_sampling_level=spec.importance_sampling_level,
+            sapo_temperature_pos=spec.sapo_temperature_pos, sapo_temperature_neg=spec.sapo_temperature_neg,
+            vespo={"k_pos": spec.vespo_k_pos, "lambda_pos": spec.vespo_lambda_pos, "k_neg": spec.vespo_k_neg,
+                   "lambda_neg": spec.vespo_lambda_neg},
             use_bias_correction_kl=spec.use_bias_correction_kl, max_completion_length=spec.max_completion_length,
             gradient_accumulation_steps=1, num_items_in_batch=batch["num_items_in_batch"],
             num_processes=session.world_size, steps_per_generation=session.gradient_accumulation_steps,
