@@ -9,19 +9,63 @@ Stdlib only.
 from __future__ import annotations
 
 import importlib
+import inspect
 import re
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
 from ..errors import ConfigError, Problem
 
-__all__ = ["FUNCTION_REF", "function_ref_problem", "load_function"]
+__all__ = [
+    "FUNCTION_REF",
+    "REWARD_KEY",
+    "REWARD_KEYWORDS",
+    "function_ref_problem",
+    "load_function",
+    "reward_signature_problem",
+]
 
 FUNCTION_REF: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
 """``module:function``: a dotted module path, a colon, a function name."""
+
+REWARD_KEY: Final = "rewards.functions"
+"""The dotted key of a job's reward functions: a function loaded under it (``rewards.functions[0]``) is a reward
+function, and its signature is checked."""
+
+REWARD_KEYWORDS: Final = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
+"""The keyword arguments TRL 1.16's ``GRPOTrainer`` calls every reward function with, beside the records' other
+fields (``_calculate_rewards``)."""
+
+
+def reward_signature_problem(function: Callable[..., Any], columns: Sequence[str] | None = None) -> str | None:
+    """Why TRL's call ``function(prompts=..., completions=..., completion_ids=..., trainer_state=..., log_extra=...,
+    log_metric=..., **columns)`` would fail on ``function``'s signature, or ``None``. With ``columns`` unknown (before
+    the records are read) a required argument beyond TRL's is taken for a field of the records; a function without a
+    signature Python can read (a builtin) is not judged."""
+    try:
+        parameters = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    given = [*REWARD_KEYWORDS, *(columns or ())]
+    kinds = inspect.Parameter
+    by_keyword = {p.name for p in parameters if p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)}
+    if not any(p.kind is kinds.VAR_KEYWORD for p in parameters):
+        refused = [name for name in given if name not in by_keyword]
+        if refused:
+            return f"does not take TRL's keyword argument{'s' if len(refused) > 1 else ''} {', '.join(refused)}"
+    required = [
+        p.name
+        for p in parameters
+        if p.default is kinds.empty and p.kind not in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD)
+        and (p.kind is kinds.POSITIONAL_ONLY or (columns is not None and p.name not in given))
+    ]  # fmt: skip
+    if required:
+        what = "by position only" if any(p.kind is kinds.POSITIONAL_ONLY for p in parameters) else "(no such field)"
+        return f"needs {', '.join(required)}, which TRL does not pass {what}"
+    return None
 
 
 def function_ref_problem(path: str, value: Any) -> Problem | None:
@@ -37,7 +81,9 @@ def function_ref_problem(path: str, value: Any) -> Problem | None:
 def load_function(ref: str, *, base_dir: Path | None, key: str, source: str | None = None) -> Callable[..., Any]:
     """The function ``ref`` (``"module:function"``) names, its module imported with ``base_dir`` (the job file's
     folder) first on the path. ``ConfigError`` at ``key`` (checks failed: exit 1) when the module cannot be imported,
-    has no such name, or the name is not callable; the import's own error is in the message, in one line."""
+    has no such name, or the name is not callable; the import's own error is in the message, in one line. A reward
+    function (``key`` under ``rewards.functions``) whose signature refuses TRL's keyword arguments is named too
+    (``reward_signature_problem``); ``async def`` is fine."""
     problem = function_ref_problem(key, ref)
     if problem is not None:
         raise ConfigError(problem, source=source, checks=True)
@@ -65,4 +111,10 @@ def load_function(ref: str, *, base_dir: Path | None, key: str, source: str | No
     if not callable(function):
         message = f"{ref} is {type(function).__name__}, not a function"
         raise ConfigError(Problem(key, message), source=source, checks=True)
+    if key.startswith(f"{REWARD_KEY}[") and (why := reward_signature_problem(function)) is not None:
+        hint = (
+            "TRL calls f(prompts=, completions=, completion_ids=, trainer_state=, log_extra=, log_metric=, **fields): "
+            "add **kwargs"
+        )
+        raise ConfigError(Problem(key, f"{ref} {why}", hint), source=source, checks=True)
     return function  # type: ignore[no-any-return]

@@ -11,16 +11,16 @@ micro-batches to step on; ``GRPOSteps.loss_fn`` is TRL's loss on one of them (``
 
 Differences from TRL, each said where it is made: the completions of a process's generation batch are split into
 micro-batches in order (TRL shuffles them first: a loss summed over the step, ``dapo``'s default among them, is the
-same either way, ``bnpo``'s per-micro-batch normaliser is not); the reward functions get no ``trainer_state``,
-``log_extra`` or ``log_metric``; no ``entropy`` is logged.
+same either way, ``bnpo``'s per-micro-batch normaliser is not); ``trainer_state`` is a ``TrainerState`` with the
+run's ``global_step`` and ``max_steps`` only, and what ``log_extra`` is given is dropped (TRL keeps it for
+``log_completions``, which a job does not run); no ``entropy`` is logged. The reward calls are ``dsbuild.rl.rewards``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from numbers import Real
+from collections import defaultdict
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -30,11 +30,9 @@ from ..errors import FunctionError
 from ..job.rl import GRPOSpec
 from ..session import distributed
 from .grpo import advantages_and_std, grpo_loss, nanstd
+from .rewards import EventLoop, Failure, RewardFunction, score
 
 __all__ = ["GRPOSteps", "GenerationSampler", "RewardFunction", "prompt_order"]
-
-RewardFunction = tuple[str, Callable[..., Any]]
-"""A reward function and the name it is reported by (``module:function``)."""
 
 
 def prompt_order(
@@ -131,6 +129,10 @@ class GRPOSteps:
         self.weight_sink, self.synced_at = weight_sink, -1
         self.weights = torch.tensor(list(weights) if weights is not None else [1.0] * len(self.rewards))
         self.rollout, self.reference = rollout, reference
+        self.loop = EventLoop()
+        """Where the async reward functions run, one loop for the run (TRL's daemon event loop)."""
+        self.logged: defaultdict[str, list[float]] = defaultdict(list)
+        """What the reward functions gave ``log_metric`` since the last step, by name."""
         tokenizer = session.tokenizer
         self.tokenizer = tokenizer
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -151,14 +153,18 @@ class GRPOSteps:
         columns = {k: [r.get(k) for r in records] for k in records[0] if k not in ("prompt", "prompt_ids")}
         local, failure = self._score(prompts, completions, completion_ids, columns)
         truncated = [not ids or ids[-1] not in [*self.eos_ids, self.pad_id] for ids in completion_ids]
-        gathered = distributed.all_objects((local, failure, [len(c) for c in completion_ids], truncated))
-        failures = [(rank, f) for rank, (_, f, _, _) in enumerate(gathered) if f is not None]
+        logged, self.logged = dict(self.logged), defaultdict(list)
+        gathered = distributed.all_objects((local, failure, [len(c) for c in completion_ids], truncated, logged))
+        failures = [(rank, f) for rank, (_, f, _, _, _) in enumerate(gathered) if f is not None]
         if failures:
             raise self._failed(*failures[0])
-        rewards_per_func = torch.tensor([row for rows, _, _, _ in gathered for row in rows], dtype=torch.float32)
-        lengths = [n for _, _, ns, _ in gathered for n in ns]
-        cut = [t for _, _, _, ts in gathered for t in ts]
+        rewards_per_func = torch.tensor([row for rows, *_ in gathered for row in rows], dtype=torch.float32)
+        lengths = [n for _, _, ns, _, _ in gathered for n in ns]
+        cut = [t for _, _, _, ts, _ in gathered for t in ts]
         advantages, metrics = self._advantages(rewards_per_func, lengths, cut)
+        for name in sorted({name for *_, logs in gathered for name in logs}):  # TRL: averaged over the processes
+            values = [v for *_, logs in gathered for v in logs.get(name, [])]
+            metrics[name] = sum(values) / len(values)
         start = self.session.rank * len(records)
         return self._micro_batches(group, prompt_ids, completion_ids, truncated, advantages[start:start + len(records)],
                                    metrics)  # fmt: skip
@@ -235,29 +241,25 @@ class GRPOSteps:
 
     def _score(
         self, prompts: list[Any], completions: list[Any], completion_ids: list[list[int]], columns: dict[str, list[Any]]
-    ) -> tuple[list[list[float]], tuple[str, str] | None]:
+    ) -> tuple[list[list[float]], Failure | None]:
         """Every reward function's rewards of this process's completions (``None``: not scored, NaN as TRL), or the
-        first function that failed and how."""
-        rows = [[math.nan] * len(self.rewards) for _ in prompts]
-        for j, (name, function) in enumerate(self.rewards):
-            try:
-                out = function(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
-            except Exception as e:
-                return rows, (name, f"raised {type(e).__name__}: {e}")
-            if not isinstance(out, Sequence) or isinstance(out, str) or len(out) != len(prompts):
-                got = (
-                    f"{len(out)} rewards"
-                    if isinstance(out, Sequence) and not isinstance(out, str)
-                    else type(out).__name__
-                )
-                return rows, (name, f"returned {got} for {len(prompts)} completions (one reward per completion)")
-            for i, value in enumerate(out):
-                if value is None:
-                    continue
-                if not isinstance(value, Real) or isinstance(value, bool) or not math.isfinite(float(value)):
-                    return rows, (name, f"returned {value!r} for completion {i} (a finite number, or None: not scored)")
-                rows[i][j] = float(value)
-        return rows, None
+        first function that failed and how (``rewards.score``), each called with TRL's keyword arguments."""
+        arguments = {"prompts": prompts, "completions": completions, "completion_ids": completion_ids, **columns,
+                     "trainer_state": self._trainer_state(), "log_extra": _dropped, "log_metric": self._log_metric}  # fmt: skip
+        return score(self.rewards, arguments, len(prompts), self.loop)
+
+    def _trainer_state(self) -> Any:
+        """TRL's ``trainer_state`` as far as a job has it: the steps done and the run's steps."""
+        from transformers import TrainerState
+
+        session = self.session
+        return TrainerState(global_step=int(getattr(session, "global_step", 0)),
+                            max_steps=int(getattr(session, "total_steps", None) or 0))  # fmt: skip
+
+    def _log_metric(self, name: str, value: float) -> None:
+        """TRL's ``log_metric``: ``value`` logged with this step's metrics under ``name``, averaged over the calls
+        of every process."""
+        self.logged[name].append(float(value))
 
     def _failed(self, rank: int, failure: tuple[str, str]) -> FunctionError:
         from ..outputs import manifest
@@ -353,3 +355,8 @@ class GRPOSteps:
             num_processes=session.world_size, steps_per_generation=session.gradient_accumulation_steps,
         )  # fmt: skip
         return {"loss": out.loss, **out.metrics(), **batch["metrics"]}
+
+
+def _dropped(column: str, values: list[Any]) -> None:
+    """TRL's ``log_extra``: the columns of its completions table, which only ``log_completions`` shows (a job does
+    not run it)."""

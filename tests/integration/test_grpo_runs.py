@@ -4,6 +4,7 @@ SIGTERM and ``--resume``, and reward functions that fail, each by ``dsbuild trai
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -176,6 +177,7 @@ def test_a_reward_function_that_fails_stops_the_run_naming_it(
 
 SINK = """
 import json
+import math
 import os
 
 SEEN = {}
@@ -210,3 +212,45 @@ def test_a_weight_sink_gets_the_policys_weights_before_each_generation(tmp_path:
     assert len(seen) == 3 and all(list(s) == list(start) for s in seen)
     assert seen[0] == pytest.approx({k: float(v.double().sum()) for k, v in start.items()}, rel=1e-9)
     assert seen[1] != seen[0] and seen[2] != seen[1]
+
+
+ASYNC_REWARDS = '''
+import asyncio
+
+import numpy as np
+
+STARTED = {}
+
+
+async def judged(completions, target, log_metric, **_):
+    """An async judge returning numpy that waits for the other one to start (they run together)."""
+    STARTED.setdefault("judged", asyncio.Event()).set()
+    await asyncio.wait_for(STARTED.setdefault("passed", asyncio.Event()).wait(), timeout=60)
+    log_metric("judge/calls", 1.0)
+    return np.array([-abs(len(c) - t) / t for c, t in zip(completions, target)])
+
+
+async def passed(completions, **_):
+    STARTED.setdefault("passed", asyncio.Event()).set()
+    await asyncio.wait_for(STARTED.setdefault("judged", asyncio.Event()).wait(), timeout=60)
+    return [len(c) % 2 == 0 for c in completions]
+'''
+
+
+def test_async_reward_functions_returning_numpy_and_bools_train(tmp_path: Path, eager_base: Path) -> None:
+    """A user's reward module of two ``async def`` functions that each wait for the other to start (run together on
+    one loop, as TRL gathers them), one returning a numpy array and calling ``log_metric``, the other bools: a
+    1-process job trains 2 steps and logs TRL's reward metrics and the function's own."""
+    (tmp_path / "async_rewards.py").write_text(ASYNC_REWARDS)
+    out = tmp_path / "run"
+    options = ["--set=training.max_steps=2", '--set=rewards.functions=["async_rewards:judged", "async_rewards:passed"]',
+               "--set=rewards.weights=[1.0, 0.5]", "--set=grpo.beta=0.0", "--set=launch.nproc_per_node=1",
+               "--set=training.per_device_train_batch_size=8", "--set=training.logging_steps=1"]  # fmt: skip
+    done = subprocess.run(_train(out, *options, base=eager_base), capture_output=True, text=True,
+                          env=_env(PYTHONPATH=str(tmp_path)), timeout=600, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = [r for r in read_history(out / "history.jsonl") if "loss" in r]
+    assert len(records) == 2
+    for record in records:
+        assert record["judge/calls"] == 1.0 and 0.0 <= record["rewards/passed/mean"] <= 1.0
+        assert record["rewards/judged/mean"] <= 0.0 and math.isfinite(record["reward"])

@@ -296,5 +296,31 @@ def test_reward_functions_get_trls_arguments() -> None:
         seen.update(kwargs)
         return [0.0, 1.0]
 
-    _steps(reward)._score(["p", "q"], ["a", "b"], [[3], [4]], {"n": [1, 2]})
+    steps = _steps(reward)
+    steps._score(["p", "q"], ["a", "b"], [[3], [4]], {"n": [1, 2]})
+    state, log_extra, log_metric = seen.pop("trainer_state"), seen.pop("log_extra"), seen.pop("log_metric")
     assert seen == {"prompts": ["p", "q"], "completions": ["a", "b"], "completion_ids": [[3], [4]], "n": [1, 2]}
+    assert state.global_step == 0 and log_extra("column", [1, 2]) is None
+    log_metric("judge/calls", 2.0)
+    log_metric("judge/calls", 4.0)
+    assert steps.logged == {"judge/calls": [2.0, 4.0]}  # averaged into the step's metrics over every process
+
+
+def test_a_reward_function_whose_signature_trl_cannot_call_fails_validate(tmp_path: Path) -> None:
+    """Before any process starts, a reward function that does not take TRL's keyword arguments (no ``**kwargs``) is
+    named by its ``[rewards] functions`` entry; an ``async def`` one is fine."""
+    from dsbuild.run.worker import job_functions
+
+    text = GRPO.replace('["my_rewards:length"]', '["sig_rewards:judged", "sig_rewards:narrow"]')
+    job = load_job(_write(tmp_path, text))
+    (tmp_path / "sig_rewards.py").write_text(
+        "def narrow(completions):\n    return []\n\nasync def judged(completions, **kw):\n    return []\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        job_functions(job)
+    assert [str(p) for p in info.value.problems] == [
+        "rewards.functions[1]: sig_rewards:narrow does not take TRL's keyword arguments prompts, completion_ids, "
+        "trainer_state, log_extra, log_metric (TRL calls f(prompts=, completions=, completion_ids=, trainer_state=, "
+        "log_extra=, log_metric=, **fields): add **kwargs)"
+    ]
+    assert info.value.fails_checks
