@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import datetime
 import functools
 import os
 import socket
@@ -20,6 +21,7 @@ __all__ = [
     "all_sum",
     "all_texts",
     "barrier",
+    "bound_new_groups",
     "close_gloo",
     "ensure_env",
     "init",
@@ -93,8 +95,6 @@ def init(timeout: float | None = None) -> None:
     default ``Training``'s), so a lost or frozen rank ends the run instead of hanging it; it applies to the group
     this call creates (a group that exists keeps its own).
     """
-    import datetime
-
     import deepspeed
 
     from ..env.build_locks import stale_locks
@@ -124,8 +124,29 @@ def init(timeout: float | None = None) -> None:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=wait)  # type: ignore[attr-defined]
     fresh = not is_initialized()
     deepspeed.init_distributed(verbose=False, timeout=wait)  # takes the group there is, or makes it
+    bound_new_groups(wait)
     if fresh and is_initialized():
         atexit.register(close_gloo)
+
+
+def bound_new_groups(wait: datetime.timedelta) -> None:
+    """Every process group made from now on without a timeout of its own waits at most ``wait`` in a collective.
+
+    DeepSpeed makes its data-parallel, sequence-parallel, tensor-parallel and expert groups with
+    ``dist.new_group(ranks)`` (``deepspeed/utils/groups.py``, no timeout), which torch gives its own default: 30
+    minutes for gloo, 10 for NCCL, whatever the world group was given. A rank frozen in a ZeRO-1/2 gradient
+    all-reduce (the data-parallel group) then held the run for half an hour. torch reads that default from
+    ``_get_default_timeout`` at each ``new_group``, ``new_subgroups`` and ``split_group`` call, so this is the one
+    place all of them take it from; the last ``init`` of the process sets it (each ``Session`` passes the run's
+    ``ddp_timeout``)."""
+    c10d = dist.distributed_c10d
+    if not hasattr(c10d, "_get_default_timeout"):  # torch moved it: the test of this bound fails and says so
+        return
+
+    def run_timeout(backend: object) -> datetime.timedelta:
+        return wait
+
+    c10d._get_default_timeout = run_timeout
 
 
 _GLOO_SETTLE = 0.1

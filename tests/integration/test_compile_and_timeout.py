@@ -64,26 +64,31 @@ def test_deepcompile_on_the_cpu_accelerator_is_refused_with_deepspeeds_reason(tm
     assert not (tmp_path / "out" / "history.jsonl").exists()
 
 
-def test_a_collective_waits_at_most_ddp_timeout_for_a_lost_rank(tmp_path: Path) -> None:
+@pytest.mark.parametrize("group", ["world", "deepspeed"])
+def test_a_collective_waits_at_most_ddp_timeout_for_a_lost_rank(tmp_path: Path, group: str) -> None:
     """Two processes, ddp_timeout = 5: rank 1 never comes to the collective, rank 0 fails within seconds, not 30
-    minutes (DeepSpeed's default)."""
+    minutes (torch's default), in the world group and in a group DeepSpeed makes as it makes its data-, sequence-
+    and tensor-parallel groups (``deepspeed.comm.new_group(ranks)``, no timeout of its own)."""
     script = tmp_path / "worker.py"
     script.write_text(
         textwrap.dedent(
             """
             import os, sys, time
+            import torch, torch.distributed as dist
+            import deepspeed.comm
             from dsbuild.session import distributed
             distributed.init(timeout=5)
+            group = deepspeed.comm.new_group([0, 1]) if GROUP == "deepspeed" else None
             if distributed.rank() == 1:
                 time.sleep(120)  # frozen
             start = time.monotonic()
             try:
-                distributed.all_sum([1.0], "cpu")
+                dist.all_reduce(torch.ones(1), group=group)
             except Exception as e:
                 print(f"failed after {time.monotonic() - start:.1f} s: {type(e).__name__}", flush=True)
                 sys.exit(3)
             """
-        )
+        ).replace("GROUP", repr(group))
     )
     port = str(free_port())
     procs = []

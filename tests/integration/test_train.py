@@ -212,13 +212,14 @@ def _ancestors(pid: int) -> list[int]:
     return found
 
 
-def _two_ranks_past_step_3(tmp_path: Path, **values: object) -> tuple[subprocess.Popen[str], int, Path]:
-    """``dsbuild train`` of 2 processes (a checkpoint every 2 steps, ``values`` set), once step 3 is in its history:
-    the running launcher, its local rank 1's pid, and the output folder."""
+def _two_ranks_past_step_3(tmp_path: Path, *flags: str, **values: object) -> tuple[subprocess.Popen[str], int, Path]:
+    """``dsbuild train`` of the demo on 2 processes (a checkpoint every 2 steps, ``values`` set, more ``flags``), once
+    step 3 is in its history: the running launcher, its local rank 1's pid, and the output folder."""
     out = tmp_path / "out"
     argv = sets(**{"max_steps": 200, "save_steps": 2, "logging_steps": 1, "output_dir": str(out), **values})
     child = subprocess.Popen(
-        [sys.executable, "-m", "dsbuild", "train", "--nproc-per-node", "2", *argv], cwd=tmp_path, env=fresh_env(),
+        [sys.executable, "-m", "dsbuild", "train", "--nproc-per-node", "2", *argv, *flags], cwd=tmp_path,
+        env=fresh_env(),
         text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     _wait_for_step(out, child, 3)
@@ -275,16 +276,30 @@ def test_a_rank_killed_mid_run_ends_the_run_promptly_and_is_named(tmp_path: Path
     _last_checkpoint_verifies(out)
 
 
+FROZEN = {
+    "a step at ZeRO-3": [],
+    "a save": [],
+    "a step at ZeRO-0": ['--set=strategy.config="zero0"'],
+    "a step at ZeRO-1": ['--set=strategy.config="zero1"'],
+    "a step at ZeRO-2": ['--set=strategy.config="zero2"'],
+    "a step with sequence parallelism 2": ["--set=strategy.overrides.sequence_parallel_size=2"],
+    "a step with AutoTP 2": ['--set=strategy.config="zero2"', "--set=strategy.overrides.tensor_parallel.autotp_size=2"],
+}
+"""Where rank 1 is frozen, and the flags of that run: the demo is ZeRO-3, whose collectives are the world group's;
+ZeRO-1 and 2 reduce gradients in DeepSpeed's data-parallel group, SP and AutoTP have groups of their own (each made by
+DeepSpeed without a timeout: ``distributed.bound_new_groups``)."""
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("during", ["a step", "a save"])
+@pytest.mark.parametrize("during", list(FROZEN))
 def test_a_frozen_rank_ends_the_run_within_the_collective_timeout(tmp_path: Path, during: str) -> None:
-    """A worker SIGSTOPped after step 3 of a 2-process run with ddp_timeout = 20, while it steps or while it saves (a
-    checkpoint every step; frozen as soon as one is being written): the other rank's collective times out, and
-    dsbuild train, which gives the ranks left a few seconds once one has failed (torchrun would wait 300 s for a
-    frozen one), ends within ddp_timeout + 60 s, non-zero, naming the frozen rank as lost; the last complete
-    checkpoint verifies."""
+    """A worker SIGSTOPped after step 3 of a 2-process run with ddp_timeout = 20, while it steps (at each ZeRO stage,
+    with sequence parallelism, with AutoTP) or while it saves (a checkpoint every step; frozen as soon as one is being
+    written): the other rank's collective times out, and dsbuild train, which gives the ranks left a few seconds once
+    one has failed (torchrun would wait 300 s for a frozen one), ends within ddp_timeout + 60 s, non-zero, naming the
+    frozen rank as lost; the last complete checkpoint verifies."""
     save_steps = 1 if during == "a save" else 2  # a step: checkpoint 2 is complete before step 3 is logged
-    child, pid, out = _two_ranks_past_step_3(tmp_path, ddp_timeout=20, save_steps=save_steps)
+    child, pid, out = _two_ranks_past_step_3(tmp_path, *FROZEN[during], ddp_timeout=20, save_steps=save_steps)
     if during == "a save":
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not [
