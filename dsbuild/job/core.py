@@ -18,7 +18,7 @@ from ..resolve import resolution
 from ..resolve.schedule import job_steps
 from ..resolve.training import Training
 from ..validate import Diagnostic, validate
-from .reader import read_job, read_job_dict
+from .reader import grpo_batch_problems, read_job, read_job_dict
 from .rl import DPOSpec, GRPOSpec
 from .spec import DataSpec, LaunchSpec, ModelSpec, ReferenceSpec, RewardsSpec, RolloutSpec, StrategySpec
 
@@ -171,7 +171,16 @@ class Job:
                 for p in e.problems
             ]
         found = validate(resolved, world_size=world, resolved=True, waiting=auto_paths(resolved))
-        return [attrs.evolve(d, path=_config_path(d.path, self.strategy.overrides)) for d in found]
+        found = [attrs.evolve(d, path=_config_path(d.path, self.strategy.overrides)) for d in found]
+        return [*self._task_problems(world), *found]
+
+    def _task_problems(self, world_size: int) -> list[Diagnostic]:
+        """What the task needs of the run's world size: a GRPO job's generation batch holds whole groups at the world
+        size the run will have (the reader checked the job's own ``[launch]``; an override may change it)."""
+        if self.grpo is None:
+            return []
+        problems = grpo_batch_problems(self.grpo, self.training, world_size)
+        return [Diagnostic(p.path, "error", p.message, p.hint, "world size") for p in problems]
 
     def check(self, *, world_size: int | None = None) -> Job:
         """Raise one ``ConfigError`` (``source``: the job file) listing every error of ``validate``; else ``self``."""

@@ -124,20 +124,28 @@ def _rl_tables(c: Collector, task: str, data: Mapping[str, Any]) -> dict[str, An
     return tables
 
 
-def _grpo_batch(c: Collector, grpo: GRPOSpec, training: Training, world_size: int, has_reference: bool) -> None:
-    """TRL's checks of the generation batch (``check_grpo_batch``), before anything starts; a generation batch other
-    than one optimizer step's is refused; a reference with ``beta = 0`` is never used."""
+def grpo_batch_problems(grpo: GRPOSpec, training: Training, world_size: int) -> list[Problem]:
+    """TRL's checks of the generation batch (``check_grpo_batch``) at ``world_size`` processes, and a generation batch
+    other than one optimizer step's refused: what the reader checks at the job's own world size and ``Job.validate``
+    at the run's (``--nproc-per-node``, ``--nnodes``, Slurm's and Ray's counts), before anything starts."""
     accumulation, micro = training.gradient_accumulation_steps, training.per_device_train_batch_size
-    c.problems.extend(check_grpo_batch(micro, accumulation, world_size, grpo.num_generations,
-                                       steps_per_generation=grpo.steps_per_generation,
-                                       generation_batch_size=grpo.generation_batch_size))  # fmt: skip
+    found = list(check_grpo_batch(micro, accumulation, world_size, grpo.num_generations,
+                                  steps_per_generation=grpo.steps_per_generation,
+                                  generation_batch_size=grpo.generation_batch_size))  # fmt: skip
     step = micro * world_size * accumulation
     if grpo.steps_per_generation not in (None, accumulation):
-        c.problem("grpo.steps_per_generation", f"got {grpo.steps_per_generation}: dsbuild train generates once per "
-                  f"optimizer step ({accumulation} micro-batches)", "leave it out (TRL's default)")  # fmt: skip
+        found.append(Problem("grpo.steps_per_generation", f"got {grpo.steps_per_generation}: dsbuild train generates "
+                             f"once per optimizer step ({accumulation} micro-batches)", "leave it out (TRL's default)"))  # fmt: skip
     if grpo.generation_batch_size not in (None, step):
-        c.problem("grpo.generation_batch_size", f"got {grpo.generation_batch_size}: dsbuild train generates one "
-                  f"optimizer step's completions ({step})", "leave it out (TRL's default)")  # fmt: skip
+        found.append(Problem("grpo.generation_batch_size", f"got {grpo.generation_batch_size}: dsbuild train "
+                             f"generates one optimizer step's completions ({step})", "leave it out (TRL's default)"))  # fmt: skip
+    return found
+
+
+def _grpo_batch(c: Collector, grpo: GRPOSpec, training: Training, world_size: int, has_reference: bool) -> None:
+    """The generation batch's checks at the job's world size (``grpo_batch_problems``); a reference with ``beta = 0``
+    is never used."""
+    c.problems.extend(grpo_batch_problems(grpo, training, world_size))
     if has_reference and grpo.beta == 0.0:
         c.problem("reference", "not used with grpo.beta = 0 (no KL term: TRL builds no reference)",
                   "set grpo.beta > 0, or leave [reference] out")  # fmt: skip

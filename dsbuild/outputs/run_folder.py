@@ -63,6 +63,12 @@ class RunFolder:
         """The monitors' output (TensorBoard, CSV, ...) and the launcher's per-rank logs."""
         return self.root / LOGS
 
+    @property
+    def failure_log(self) -> Path:
+        """The whole traceback of each failure of a run in ``dsbuild train``'s own process (one rank; torchrun's ranks
+        keep theirs in their ``stderr.log``), appended."""
+        return self.logs / "failure.log"
+
     def torchrun_logs(self, node: str) -> Path:
         """torchrun's per-rank logs of one node's launcher."""
         return self.logs / "torchrun" / node
@@ -108,10 +114,12 @@ class RunFolder:
         return self.root / LOCK
 
 
-EVIDENCE: Final = (HISTORY, OLD_HISTORY, CHECKPOINTS, MODEL, DS_CONFIG, LOSS_PLOT)
+EVIDENCE: Final = (HISTORY, OLD_HISTORY, CHECKPOINTS, MODEL, LOSS_PLOT)
 """What only a run that trained leaves in its output folder (``history.json`` is the older runs' history). The
-launcher's logs are not evidence: other nodes start writing theirs before node 0 has looked."""
-RUN_FILES: Final = (*EVIDENCE, LOGS, RAY, RAY_RESTORE)
+launcher's logs are not evidence: other nodes start writing theirs before node 0 has looked; nor is the resolved
+``ds_config.json``, written when the engine starts: a run that failed before its first step leaves nothing that
+refuses the same command, corrected (the new run writes its own)."""
+RUN_FILES: Final = (*EVIDENCE, DS_CONFIG, LOGS, RAY, RAY_RESTORE)
 """What a run writes in its output folder, all moved aside by ``--overwrite`` (``ray``: Ray's checkpoint storage by
 default, ``ray-restore``: Ray's checkpoints downloaded for a restart; docs/ray.md)."""
 
