@@ -191,6 +191,10 @@ def _place(
     return rank, addr, port
 
 
+FORWARDED_SIGNAL: Final = "DSBUILD_FORWARDED_SIGNAL"
+"""The environment variable naming the file where this process notes a signal it passes on to the ranks (``SIGTERM
+to dsbuild train``), before it does: a rank's stop then says the signal went to ``dsbuild train``, not to the rank it
+reached through torchrun (``dsbuild.session.loop.FORWARDED``, the same name: the launcher imports no torch)."""
 SHUTDOWN_SECONDS: Final = 300
 """How long torchrun lets its workers save and stop after forwarding a signal before it kills them."""
 
@@ -253,15 +257,17 @@ def torchrun(
     before = {p.name for p in log_dir.iterdir()}
     command = torchrun_command(job_path, nodes, log_dir, run_args)
     own_log = log_dir / "torchrun.log"
+    note = log_dir / "forwarded_signal"
+    note.unlink(missing_ok=True)  # an earlier run's
     child = subprocess.Popen(
         command,
-        env=torchrun_env(nodes, {**os.environ, **env}),
+        env=torchrun_env(nodes, {**os.environ, **env, FORWARDED_SIGNAL: str(note)}),
         stderr=subprocess.PIPE,
         start_new_session=True,  # the terminal's Ctrl-C comes here, not to torchrun (see above)
         preexec_fn=_die_with_parent,
     )
     relay = _Relay(child, own_log, custom_prefix="TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE" in {**os.environ, **env})
-    stop = _Stop(child, folder, log_dir, before)
+    stop = _Stop(child, folder, log_dir, before, note)
     handlers = {number: signal.signal(number, stop.receive) for number in _FORWARDED}
     try:
         code = stop.wait()
@@ -302,8 +308,10 @@ def _die_with_parent() -> None:
 class _Stop:
     """The signals ``dsbuild train`` receives while torchrun runs, and what they make of the run."""
 
-    def __init__(self, child: subprocess.Popen[bytes], folder: RunFolder, log_dir: Path, before: set[str]) -> None:
-        self.child, self.folder = child, folder
+    def __init__(
+        self, child: subprocess.Popen[bytes], folder: RunFolder, log_dir: Path, before: set[str], note: Path
+    ) -> None:
+        self.child, self.folder, self.note = child, folder, note
         self.first: signal.Signals | None = None
         self.saved_before: str | None = None
         """The newest verified checkpoint when the first signal came: a newer one is this stop's."""
@@ -320,6 +328,8 @@ class _Stop:
             self.saved_before = last_complete(self.folder.checkpoints)
             # The ranks save at their next step; a save that never ends is cut short by torchrun, then here.
             self.deadline = time.monotonic() + SHUTDOWN_SECONDS + 30
+            with contextlib.suppress(OSError):  # where the ranks' signal came from (FORWARDED_SIGNAL)
+                self.note.write_text(f"{received.name} to dsbuild train\n", encoding="utf-8")
             self.child.send_signal(signal.SIGUSR1 if received == signal.SIGUSR1 else signal.SIGTERM)
         elif received == signal.SIGINT:  # Ctrl-C again: the user does not want to wait for the save
             self.hard = True
@@ -381,8 +391,8 @@ class _Stop:
         ]
 
 
-_SIGNALLED: Final = re.compile(r"by \w+ to rank \d+( \(this process\))?")
-"""Who received the signal, in a rank's ``RunStopped`` message (``dsbuild.session.Session._stopped``)."""
+_SIGNALLED: Final = re.compile(r"by \w+ to (rank \d+( \(this process\))?|dsbuild train)")
+"""Who received the signal, in a rank's ``RunStopped`` message (``dsbuild.session.loop.stop_reason``)."""
 
 
 def _named(number: signal.Signals) -> str:

@@ -22,6 +22,7 @@ from ..outputs import manifest
 from ..outputs.run_folder import RunFolder
 
 __all__ = [
+    "FORWARDED",
     "LAUNCHER_LOST",
     "LAUNCHER_PID",
     "Hooks",
@@ -30,6 +31,7 @@ __all__ = [
     "non_finite",
     "stop_code",
     "stop_name",
+    "stop_reason",
 ]
 
 logger = logging.getLogger("dsbuild")
@@ -69,6 +71,10 @@ LAUNCHER_PID: Final = "DSBUILD_LAUNCHER_PID"
 """The environment variable where a torchrun worker notes its agent's pid when it starts (``dsbuild.cli.rank``)."""
 LAUNCHER_LOST: Final = "LAUNCHER_LOST"
 """What ``StopSignals.check`` gives when the process that started this one (torchrun's agent) is gone."""
+FORWARDED: Final = "DSBUILD_FORWARDED_SIGNAL"
+"""The environment variable naming the file where ``dsbuild train`` notes the signal it received (``SIGTERM to dsbuild
+train``) before it passes it on to its ranks through torchrun (``dsbuild.run.launch``): a rank's stop then says where
+the signal went, the launcher, not the rank it reached."""
 
 
 _STOP_CODES: Final = {
@@ -92,12 +98,38 @@ def stop_name(code: int) -> str:
     return signal.Signals(code).name
 
 
+def stop_reason(rank: int, received: str, this_rank: int) -> str:
+    """What stopped a run, in its stop message: ``received`` (``stop_name``'s) by ``rank``, the first process that
+    was told to stop, as this process (``this_rank``) says it: ``SIGTERM to dsbuild train`` (the launcher, which
+    passed it on to every rank), ``SIGUSR1 to rank 1`` (a signal to a rank itself), or the launcher's end."""
+    who = f"rank {rank}" + (" (this process)" if rank == this_rank else "")
+    if received == LAUNCHER_LOST:
+        return f"the end of {who}'s launcher (torchrun's agent)"
+    if " to " in received:  # the launcher's signal, or a stop asked through Hooks.stop_requested: it says to whom
+        return received
+    return f"{received} to {who}"
+
+
+def forwarded(received: str, note: str | None) -> str:
+    """``received`` (a signal's name), or what ``dsbuild train`` noted in the file ``note`` (``FORWARDED``) when it
+    passed a signal on: the signal went to the launcher, and reached this rank through torchrun."""
+    if note is None:
+        return received
+    try:
+        said = Path(note).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return received
+    return said if said in _STOP_CODES and said != LAUNCHER_LOST else received
+
+
 class StopSignals:
     """SIGTERM and SIGUSR1 (with ``interrupt``, the first SIGINT too) noted while ``fit`` runs (in the main thread),
     for the loop to act on at the next step; a second SIGINT raises ``KeyboardInterrupt`` at once. The handlers in
     place before are put back when it ends."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+    NAMES = frozenset(s.name for s in (*SIGNALS, signal.SIGINT))
+    """What ``_note`` records: a signal to this process, which may have come from the launcher."""
 
     def __init__(self, *, interrupt: bool = False) -> None:
         self.received: str | None = None
@@ -119,9 +151,12 @@ class StopSignals:
         self.received = self.received or signal.Signals(number).name
 
     def check(self) -> str | None:
-        """What stops the run at this step: a signal's name, ``LAUNCHER_LOST``, or ``None``."""
+        """What stops the run at this step: a signal's name (``SIGTERM to dsbuild train`` when the launcher passed it
+        on: ``FORWARDED``), ``LAUNCHER_LOST``, or ``None``."""
         if self.received is None and self.launcher is not None and os.getppid() != self.launcher:
             self.received = LAUNCHER_LOST
+        elif self.received in self.NAMES:
+            self.received = forwarded(self.received, os.environ.get(FORWARDED))
         return self.received
 
     def restore(self) -> None:

@@ -475,14 +475,7 @@ def optimizer_step(
 def stopped(session: Session, signalled: tuple[int, str], step: int) -> RunStopped:
     """The agreed stop: every process saves the checkpoint of ``step`` (verified, with its manifest), then stops.
     ``signalled``: the first process that was told to stop, and by what."""
-    rank, received = signalled
-    who = f"rank {rank}" + (" (this process)" if rank == session.rank else "")
-    if received == loop.LAUNCHER_LOST:
-        why = f"the end of {who}'s launcher (torchrun's agent)"
-    elif " to " in received:  # asked through stop_requested: it says to whom
-        why = received
-    else:
-        why = f"{received} to {who}"
+    why = loop.stop_reason(*signalled, session.rank)
     if session.output_dir is None:
         return RunStopped(f"stopped at step {step} by {why}: no output directory, so no checkpoint was saved", None)
     tag = f"global_step{step}"
