@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import importlib
+import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -176,7 +177,12 @@ def lora_config(lora: Any) -> Any:
 
 
 def apply_lora(model: Any, lora: Any) -> Any:
-    """Wrap ``model`` with LoRA adapters; only the adapters stay trainable."""
+    """Wrap ``model`` with LoRA adapters (``lora``: a peft config or its fields); only the adapters stay trainable."""
     from peft import get_peft_model
 
-    return get_peft_model(model, lora_config(lora))
+    # peft (0.21) asks the model whether to prepare it for checkpointing by the name transformers 5 deprecated
+    # (is_gradient_checkpointing, now is_activation_checkpointing), which warns at every LoRA model built, checkpointing
+    # on or off: the answer is the same, so that one warning of that one call is not shown (peft's choice is unchanged).
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        return get_peft_model(model, lora_config(lora))

@@ -102,13 +102,13 @@ def built_from_config(model: Any) -> bool:
 
 def _cpu_copy(model: Any, sd: dict[str, torch.Tensor]) -> Any:
     """A CPU copy of the peft ``model`` (its base built anew from its config) holding the weights ``sd``."""
-    from peft import get_peft_model
+    from .building import apply_lora
 
     base = model.get_base_model()
     with _no_hf_zero3():
         fresh = type(base)._from_config(copy.deepcopy(base.config), dtype=_dtype_of(sd))
     adapter = model.active_adapter if isinstance(model.active_adapter, str) else model.active_adapter[0]
-    fresh = get_peft_model(fresh, copy.deepcopy(model.peft_config[adapter]))
+    fresh = apply_lora(fresh, copy.deepcopy(model.peft_config[adapter]))  # peft's wrapping, without its warning
     missing, unexpected = fresh.load_state_dict(sd, strict=False)
     if unexpected or any("lora_" in k or k.endswith("weight") for k in missing):
         raise RuntimeError(
