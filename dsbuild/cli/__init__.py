@@ -21,11 +21,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeAlias
 
-from ..errors import ConfigError, DsbuildError, FunctionError, NonFiniteLossError, RunStopped
+from ..errors import DsbuildError, RunStopped
 from ..version import VERSION
 from .args import Commands
 from .configs import add_explain, add_export, add_presets, add_schema, add_show, add_validate
-from .output import end_process, error, escape_lines, report, show_logs
+from .output import end_process, error, escape_lines, exit_code, report, show_logs
 from .tools import add_checkpoints, add_doctor, add_plan
 from .train import add_train
 
@@ -82,9 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except DsbuildError as e:
         report(e)
-        if isinstance(e, (NonFiniteLossError, FunctionError)) or (isinstance(e, ConfigError) and e.fails_checks):
-            return 1  # a run that failed, or a config or job that fails its checks (DESIGN.md, docs/cli.md)
-        return 2  # input that cannot be read, or a command used wrongly
+        return exit_code(e)
     except BrokenPipeError:  # pragma: no cover - `dsbuild show x | head`
         # Python would complain again when flushing stdout at exit; point it at /dev/null.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

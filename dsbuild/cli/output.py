@@ -18,7 +18,8 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any, Final
 
-from ..errors import ConfigError, DsbuildError, Problem
+from .._util.frames import user_frames
+from ..errors import ConfigError, DsbuildError, FunctionError, NonFiniteLossError, Problem
 
 if TYPE_CHECKING:
     from ..validate import Diagnostic
@@ -125,6 +126,20 @@ def report(exc: DsbuildError) -> None:
             error(f"{where}{escape(said(problem))}")
     else:
         error(str(exc))
+
+
+def exit_code(exc: DsbuildError) -> int:
+    """What a command exits with for ``exc``: 1 for a run that failed or a config or job that fails its checks, 2 for
+    input that cannot be read or a command used wrongly (DESIGN.md, docs/cli.md)."""
+    if isinstance(exc, (NonFiniteLossError, FunctionError)) or (isinstance(exc, ConfigError) and exc.fails_checks):
+        return 1
+    return 2
+
+
+def frames(exc: BaseException) -> None:
+    """The frames of ``exc``'s causes in the user's own files (a reward function's line), under its error line."""
+    for line in user_frames(exc):
+        print(f"  {escape_lines(line)}", file=sys.stderr)
 
 
 def counts(errors: int, warnings: int) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -16,13 +17,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .._util.atomic import write_atomic
+from .._util.frames import full_traceback, user_frames
 from .._util.overrides import parse_set
-from ..errors import ConfigError, DsbuildError, FunctionError, NonFiniteLossError, RunStopped
+from ..errors import ConfigError, DsbuildError, RunStopped
 from ..job import load_job
-from ..run.launch import STOPPED_MARK
+from ..run.launch import FAILURE_FILE, STOPPED_MARK
 from ..run.worker import run
 from ..session.loop import LAUNCHER_PID
-from .output import end_process, error, escape, escape_lines, show_logs
+from .output import end_process, error, escape, escape_lines, exit_code, show_logs
 
 __all__ = ["main"]
 
@@ -80,14 +83,27 @@ def _main(argv: Sequence[str] | None) -> int:
         get_error_handler().record_exception(e)  # torchrun's summary names this rank and the error
         if isinstance(e, RunStopped):
             return RunStopped.EXIT_CODE
-        failed = isinstance(e, (NonFiniteLossError, FunctionError)) or (isinstance(e, ConfigError) and e.fails_checks)
-        return 1 if failed else 2
+        _record_failure(e, [f"{where}{problem}" for problem in problems])
+        return exit_code(e)
     finally:
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
     return 0
+
+
+def _record_failure(e: BaseException, said: list[str]) -> None:
+    """What this rank's log keeps of a failure (the whole traceback, causes included: a user's reward function's own
+    frames), and what ``dsbuild train`` shows of it (``FAILURE_FILE`` beside torchrun's error file: what was said and
+    the frames in the user's own files), so the terminal gets one account of the failure instead of every rank's."""
+    print(full_traceback(e), file=sys.stderr, end="", flush=True)
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not error_file:
+        return
+    account = {"said": said, "frames": user_frames(e)}
+    with contextlib.suppress(OSError):
+        write_atomic(Path(error_file).parent / FAILURE_FILE, json.dumps(account), durable=False)
 
 
 def _mark_sigterm() -> None:

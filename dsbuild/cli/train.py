@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import RunStopped
+from ..errors import ConfigError, DsbuildError, FunctionError, NonFiniteLossError, RunStopped
 from .args import Commands, node_count, non_negative_int, port_number, positive_int
-from .output import error, escape_lines, out, plural, said, warning
+from .output import error, escape_lines, exit_code, frames, out, plural, report, said, warning
 
 __all__ = ["add_train"]
 
@@ -141,6 +142,9 @@ def _train(args: argparse.Namespace) -> int:
         if options.requeue:
             start.requeue()
         return RunStopped.EXIT_CODE
+    except (FunctionError, NonFiniteLossError, ConfigError) as e:  # the run failed in this process (one rank)
+        _failed_here(e, plan.job.output_dir)
+        return exit_code(e)
     _report(outcome.code, outcome.lines)
     if outcome.requeue:
         start.requeue()
@@ -152,6 +156,24 @@ def _train(args: argparse.Namespace) -> int:
     else:
         out(f"node {plan.nodes.node_rank}: done; node 0 has the outputs in {plan.job.output_dir}")
     return 0
+
+
+def _failed_here(e: DsbuildError, output_dir: Path) -> None:
+    """A run of this process that failed, said as a torchrun run's is: the error, the frames of the user's code
+    (a reward function's line), and where the whole traceback is (appended to the run's ``logs/failure.log``)."""
+    from .._util.frames import full_traceback
+    from ..outputs.run_folder import RunFolder
+
+    report(e)
+    frames(e)
+    log = RunFolder(output_dir).failure_log
+    try:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("a", encoding="utf-8") as f:
+            f.write(f"== {time.strftime('%Y-%m-%d %H:%M:%S')}\n{full_traceback(e)}")
+    except OSError:
+        return  # the error was said; a log that cannot be written is not a second failure
+    print(f"  the whole traceback: {escape_lines(str(log))}", file=sys.stderr)
 
 
 def _ray_worker() -> Callable[[dict[str, Any]], None]:

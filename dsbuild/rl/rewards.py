@@ -125,11 +125,16 @@ def reward_column(out: Any, completions: int) -> list[float] | str:
 
 
 def score(
-    functions: Sequence[RewardFunction], arguments: Mapping[str, Any], completions: int, loop: EventLoop
+    functions: Sequence[RewardFunction],
+    arguments: Mapping[str, Any],
+    completions: int,
+    loop: EventLoop,
+    raised: list[BaseException] | None = None,
 ) -> tuple[list[list[float]], Failure | None]:
     """Each completion's row of rewards (one per function; NaN: not scored), or the first function that failed and
     how: the synchronous functions called in order, then the async ones gathered together (TRL's order);
-    ``arguments`` are TRL's keyword arguments."""
+    ``arguments`` are TRL's keyword arguments. What a function raised is also appended to ``raised``, so the error
+    that stops the run can be raised from it (its traceback: the user's file and line)."""
     columns: dict[int, list[float]] = {}
     waiting = []
     for j, (name, function) in enumerate(functions):
@@ -139,6 +144,8 @@ def score(
         try:
             out = function(**arguments)
         except Exception as e:
+            if raised is not None:
+                raised.append(e)
             return _rows(columns, len(functions), completions), (name, f"raised {type(e).__name__}: {e}")
         column = reward_column(out, completions)
         if isinstance(column, str):
@@ -150,6 +157,8 @@ def score(
             try:
                 return reward_column(await functions[j][1](**arguments), completions)
             except Exception as e:
+                if raised is not None:
+                    raised.append(e)
                 return f"raised {type(e).__name__}: {e}"
 
         async def together() -> list[list[float] | str]:

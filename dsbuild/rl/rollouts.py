@@ -151,11 +151,14 @@ class GRPOSteps:
         prompt_ids, completion_ids = self._complete(records, prompts)
         completions = self._decoded(completion_ids, prompts)
         columns = {k: [r.get(k) for r in records] for k in records[0] if k not in ("prompt", "prompt_ids")}
-        local, failure = self._score(prompts, completions, completion_ids, columns)
+        raised: list[BaseException] = []
+        local, failure = self._score(prompts, completions, completion_ids, columns, raised)
         truncated = [not ids or ids[-1] not in [*self.eos_ids, self.pad_id] for ids in completion_ids]
         logged, self.logged = dict(self.logged), defaultdict(list)
         gathered = distributed.all_objects((local, failure, [len(c) for c in completion_ids], truncated, logged))
         failures = [(rank, f) for rank, (_, f, _, _, _) in enumerate(gathered) if f is not None]
+        if failure is not None:  # this process's own: raised from what the function raised (the user's frames)
+            raise self._failed(self.session.rank, failure) from (raised[0] if raised else None)
         if failures:
             raise self._failed(*failures[0])
         rewards_per_func = torch.tensor([row for rows, *_ in gathered for row in rows], dtype=torch.float32)
@@ -240,13 +243,19 @@ class GRPOSteps:
         return texts
 
     def _score(
-        self, prompts: list[Any], completions: list[Any], completion_ids: list[list[int]], columns: dict[str, list[Any]]
+        self,
+        prompts: list[Any],
+        completions: list[Any],
+        completion_ids: list[list[int]],
+        columns: dict[str, list[Any]],
+        raised: list[BaseException] | None = None,
     ) -> tuple[list[list[float]], Failure | None]:
         """Every reward function's rewards of this process's completions (``None``: not scored, NaN as TRL), or the
-        first function that failed and how (``rewards.score``), each called with TRL's keyword arguments."""
+        first function that failed and how (``rewards.score``; what it raised appended to ``raised``), each called
+        with TRL's keyword arguments."""
         arguments = {"prompts": prompts, "completions": completions, "completion_ids": completion_ids, **columns,
                      "trainer_state": self._trainer_state(), "log_extra": _dropped, "log_metric": self._log_metric}  # fmt: skip
-        return score(self.rewards, arguments, len(prompts), self.loop)
+        return score(self.rewards, arguments, len(prompts), self.loop, raised)
 
     def _trainer_state(self) -> Any:
         """TRL's ``trainer_state`` as far as a job has it: the steps done and the run's steps."""

@@ -29,10 +29,12 @@ from . import slurm
 
 __all__ = [
     "DEFAULT_MASTER_PORT",
+    "FAILURE_FILE",
     "LOG_PREFIX",
     "STOPPED_MARK",
     "Nodes",
     "device_env",
+    "failure_account",
     "failure_report",
     "nodes",
     "torchrun",
@@ -287,6 +289,9 @@ def torchrun(
     stopped = _stopped_by_a_signal(newest)
     if stopped is not None:  # a signal to the workers themselves (Slurm signals every process of a step)
         return RunStopped.EXIT_CODE, [stopped]
+    account = failure_account(newest)
+    if account:  # dsbuild's own error on the ranks: its one account; torchrun's traceback of it stays in its log
+        return code, account
     relay.show_held()  # a failure: torchrun's own account of it too
     return code, [f"training failed: torchrun exited with {code}", *failure_report(newest)]
 
@@ -436,6 +441,9 @@ def _children(pid: int) -> list[int]:
 
 _RANK_LINE: Final = re.compile(rb"^\[(node\d+ )?rank\d+\]:")
 """The start of a line a rank printed, as torchrun prefixes it (``torchrun_env``)."""
+_RANK_ERROR: Final = re.compile(rb"^\[(node\d+ )?rank\d+\]:dsbuild: error: ")
+"""A rank's first line of a failure (``dsbuild.cli.rank``): it and the rank's lines after it (the traceback its log
+keeps) are held back; ``dsbuild train``'s report of the failure says it once (``failure_account``)."""
 
 
 class _Relay(threading.Thread):
@@ -453,7 +461,11 @@ class _Relay(threading.Thread):
         assert self.stream is not None
         out = sys.stderr.buffer if hasattr(sys.stderr, "buffer") else None
         with open(self.log, "ab") as log:
+            failing = False
             for line in iter(self.stream.readline, b""):
+                failing = failing or (not self.custom and bool(_RANK_ERROR.match(line)))
+                if failing:
+                    continue  # in the rank's own log; the report of the failure comes at the end
                 if self.custom or _RANK_LINE.match(line):
                     self._show(out, line)
                 else:
@@ -505,6 +517,51 @@ def _recorded_error(rank_dir: Path) -> tuple[str, str]:
 STOPPED_MARK: Final = "stopped_by_torchrun"
 """The file a rank writes beside its error file when a SIGTERM ends it outside ``fit``'s agreed stop (torchrun
 stopping the ranks left once one has ended; ``dsbuild.cli.rank``), so the report tells it from a rank that was lost."""
+
+
+FAILURE_FILE: Final = "failure.json"
+"""What a rank that stopped on dsbuild's own error writes beside its error file (``dsbuild.cli.rank``): the lines it
+said and the frames of the user's own code, from which ``failure_account`` tells the failure once."""
+
+
+def failure_account(run_dir: Path | None) -> list[str]:
+    """One account of a run whose ranks stopped on dsbuild's own errors (each wrote ``FAILURE_FILE``; none was lost
+    or killed): the rank whose user code failed (its frames), else the first to fail, what it said, the frames in the
+    user's files, and where its whole log is. Empty when that is not the case (``failure_report`` tells it)."""
+    if run_dir is None:
+        return []
+    attempts = sorted(run_dir.glob("attempt_*"), key=lambda p: p.name)
+    ranks = sorted((p for p in attempts[-1].iterdir() if p.is_dir()), key=lambda p: p.name) if attempts else []
+    accounts: list[tuple[str, Path, list[str], list[str]]] = []
+    for rank_dir in ranks:
+        said, frames = _failure_of(rank_dir)
+        if said:
+            accounts.append((_recorded_error(rank_dir)[0], rank_dir, said, frames))
+        elif not (rank_dir / STOPPED_MARK).is_file():
+            return []  # a rank that ended otherwise (killed, lost, another error): the full report
+    if not accounts:
+        return []
+    _, rank_dir, said, frames = min(accounts, key=lambda a: (not a[3], a[0]))  # user frames first, then the earliest
+    first, *more = said
+    others = "; the other ranks' logs are beside it" if len(ranks) > 1 else ""
+    return [
+        f"training failed on local rank {rank_dir.name}: {first}",
+        *(f"  {line}" for line in more),
+        *(f"  {line}" for line in frames),
+        f"  the whole log: {rank_dir / 'stderr.log'}{others}",
+    ]
+
+
+def _failure_of(rank_dir: Path) -> tuple[list[str], list[str]]:
+    """What a rank said of its failure and its user frames (``FAILURE_FILE``); empty lists when it wrote none or an
+    unreadable one."""
+    try:
+        account = json.loads((rank_dir / FAILURE_FILE).read_text(encoding="utf-8"))
+        said = [line for text in account["said"] for line in str(text).splitlines() if line.strip()]
+        frames = [str(line) for line in account["frames"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return [], []
+    return (said, frames) if said else ([], [])
 
 
 def failure_report(run_dir: Path | None, tail: int = 15) -> list[str]:

@@ -167,10 +167,11 @@ def test_a_reward_function_that_fails_stops_the_run_naming_it(
     lines = [line for line in done.stderr.splitlines() if said in line]
     assert lines, done.stderr[-3000:]
     assert "training stopped before step 2" in lines[0] and "global_step1" in lines[0], lines[0]
-    if processes == 1:
-        assert "Traceback" not in done.stderr
-    else:  # torchrun's own account of a failed run is shown too; dsbuild's lines say which rank and what
-        assert any(line.startswith("dsbuild: error: local rank 0 failed: FunctionError: " + said) for line in lines)
+    assert "Traceback" not in done.stderr  # told once, by dsbuild: the rank whose function failed, and its frames
+    if processes == 2:
+        assert lines[0].startswith("dsbuild: error: training failed on local rank 1: " + said), lines[0]
+    if mode == "raises":
+        assert f'{tmp_path / "failing_rewards.py"}:21 in failing: raise KeyError("answer")' in done.stderr
     assert sorted(_losses(out)) == [1]
     assert manifest.verify(out / "checkpoints" / "global_step1")["global_step"] == 1
 
@@ -254,3 +255,79 @@ def test_async_reward_functions_returning_numpy_and_bools_train(tmp_path: Path, 
     for record in records:
         assert record["judge/calls"] == 1.0 and 0.0 <= record["rewards/passed/mean"] <= 1.0
         assert record["rewards/judged/mean"] <= 0.0 and math.isfinite(record["reward"])
+
+
+BROKEN = """
+def complete(prompts):
+    return [[40 + (i % 7)] * (2 + i % 5) for i in range(len(prompts))]
+
+
+def grade(completions, **_):
+    return [score(c) for c in completions]
+
+
+def score(completion):
+    return FAILS["reward"] / (1 + len(completion))
+
+
+def fails_to_complete(prompts):
+    return [FAILS["rollout"] for _ in prompts]
+
+
+def fails_to_sink(name, tensor):
+    FAILS["sink"]
+
+
+FAILS = {}
+"""
+"""User code on both ranks that raises a KeyError at step 1 where ``FAILS`` lacks its key: the reward function (two
+frames deep), the rollout function or the weight sink."""
+
+USER_CODE = {
+    "reward": ['--set=rewards.functions=["broken:grade"]', "--set=rewards.weights=[1.0]"],
+    "rollout": ['--set=rollout.backend="function"', '--set=rollout.function="broken:fails_to_complete"'],
+    "sink": ['--set=rollout.backend="function"', '--set=rollout.function="broken:complete"',
+             '--set=rollout.weight_sink="broken:fails_to_sink"'],
+}  # fmt: skip
+FRAMES = {
+    "reward": [
+        ":7 in grade: return [score(c) for c in completions]",
+        ":11 in score: return FAILS['reward'] / (1 + len(completion))",
+    ],
+    "rollout": [":15 in fails_to_complete: return [FAILS['rollout'] for _ in prompts]"],
+    "sink": [":19 in fails_to_sink: FAILS['sink']"],
+}
+"""The lines of broken.py the terminal shows, outermost first (after the file's path)."""
+
+
+@pytest.mark.parametrize("where", list(USER_CODE))
+def test_user_code_that_fails_on_two_processes_is_told_once_with_its_own_frames(
+    tmp_path: Path, eager_base: Path, where: str
+) -> None:
+    """A reward function, rollout function or weight sink that raises on both of 2 processes: exit 1, and the
+    terminal holds one account of it in at most 8 lines — the function and the rank, its frames in the user's module
+    (file:line and the code), where the whole log is — and no traceback; that rank's log holds Python's whole
+    traceback. The reward's case, corrected, runs as the same command: the failed run left nothing that refuses it."""
+    (tmp_path / "broken.py").write_text(BROKEN.replace("FAILS['", 'FAILS["').replace("']", '"]'))
+    out = tmp_path / "run"
+    command = _train(out, "--nproc-per-node=2", "--set=training.max_steps=1", *USER_CODE[where], base=eager_base)
+    done = subprocess.run(command, capture_output=True, text=True, env=_env(PYTHONPATH=str(tmp_path)), timeout=600,
+                          cwd=tmp_path)  # fmt: skip
+    terminal = (done.stdout + done.stderr).splitlines()
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert len(terminal) <= 8, "\n".join(terminal)
+    assert "Traceback" not in done.stderr, done.stderr
+    errors = [line for line in terminal if line.startswith("dsbuild: error: ")]
+    assert len(errors) == 1 and errors[0].startswith("dsbuild: error: training failed on local rank "), terminal
+    assert f"raised KeyError: '{where}'" in errors[0], errors[0]
+    for frame in FRAMES[where]:
+        shown = f"  {tmp_path / 'broken.py'}{frame.replace(chr(39), chr(34))}"
+        assert any(line.startswith(shown) for line in terminal), terminal
+    log = Path(terminal[-1].split("the whole log: ")[1].split(";")[0])
+    assert "Traceback (most recent call last)" in log.read_text() and str(tmp_path / "broken.py") in log.read_text()
+    if where == "reward":
+        (tmp_path / "broken.py").write_text(BROKEN.replace("FAILS = {}", "FAILS = {'reward': 1.0}"))
+        again = subprocess.run(command, capture_output=True, text=True, env=_env(PYTHONPATH=str(tmp_path)),
+                               timeout=600, cwd=tmp_path)  # fmt: skip
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert sorted(_losses(out)) == [1]

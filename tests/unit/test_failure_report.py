@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dsbuild.run.launch import STOPPED_MARK, failure_report
+from dsbuild.run.launch import FAILURE_FILE, STOPPED_MARK, failure_account, failure_report
 
 
 def _ranks(tmp_path: Path, *kinds: str) -> Path:
@@ -49,3 +49,47 @@ def test_with_nothing_recorded_every_rank_is_shown(tmp_path: Path) -> None:
     """No error file and no mark anywhere (every rank killed): each rank and its last lines, none called lost."""
     lines = failure_report(_ranks(tmp_path, "gone", "gone"))
     assert [line for line in lines if line.startswith("local rank")] == ["local rank 0 failed", "local rank 1 failed"]
+
+
+def _accounts(tmp_path: Path, *accounts: dict[str, list[str]] | None) -> Path:
+    """A torchrun log folder whose ranks each wrote error.json and the account ``accounts`` gives (``None``: killed,
+    nothing written)."""
+    for rank, account in enumerate(accounts):
+        folder = tmp_path / "attempt_0" / str(rank)
+        folder.mkdir(parents=True)
+        (folder / "stderr.log").write_text("Traceback ...\n", encoding="utf-8")
+        if account is not None:
+            error = {"message": {"message": "FunctionError: x", "extraInfo": {"timestamp": str(rank)}}}
+            (folder / "error.json").write_text(json.dumps(error), encoding="utf-8")
+            (folder / FAILURE_FILE).write_text(json.dumps(account), encoding="utf-8")
+    return tmp_path
+
+
+def test_one_account_of_a_failure_names_the_rank_whose_code_failed_with_its_frames(tmp_path: Path) -> None:
+    """Both ranks stopped on dsbuild's error, rank 1's reward function raised: one account, rank 1's, its frames and
+    its log, whatever rank 0 (which only heard of it) said."""
+    run = _accounts(
+        tmp_path,
+        {"said": ["the reward function m:f raised KeyError: 'a' on rank 1"], "frames": []},
+        {"said": ["the reward function m:f raised KeyError: 'a' on rank 1"], "frames": ["/u/m.py:3 in f: x['a']"]},
+    )
+    assert failure_account(run) == [
+        "training failed on local rank 1: the reward function m:f raised KeyError: 'a' on rank 1",
+        "  /u/m.py:3 in f: x['a']",
+        f"  the whole log: {run / 'attempt_0' / '1' / 'stderr.log'}; the other ranks' logs are beside it",
+    ]
+
+
+def test_no_account_when_a_rank_ended_without_one(tmp_path: Path) -> None:
+    """A rank killed (nothing written) while the other recorded dsbuild's error: the full report tells it (the lost
+    rank first), not the account."""
+    assert failure_account(_accounts(tmp_path, {"said": ["x"], "frames": []}, None)) == []
+
+
+def test_an_unreadable_account_is_no_account(tmp_path: Path) -> None:
+    """A FAILURE_FILE that is not what a rank writes (not JSON, another shape) is passed over, never a crash."""
+    run = _accounts(tmp_path, {"said": ["x"], "frames": []})
+    (run / "attempt_0" / "0" / FAILURE_FILE).write_text("{not json", encoding="utf-8")
+    assert failure_account(run) == []
+    (run / "attempt_0" / "0" / FAILURE_FILE).write_text('{"said": 3}', encoding="utf-8")
+    assert failure_account(run) == []
