@@ -182,7 +182,7 @@ def test_train_checks_the_model_config_and_the_data_before_starting(
     capsys: pytest.CaptureFixture[str], job: Path
 ) -> None:
     """A misspelt model config field and a bad data record are exit 1 too (they fail the checks ``validate`` makes,
-    the same ones, named the same way), before any process or model exists."""
+    the same ones, named the same way), before any process or model exists: on 2 processes too, said once."""
     _edit(job, "hidden_size = 64", "hidden_sise = 64")
     code, out, err = run(capsys, "train", str(job))
     assert (code, out) == (1, "")
@@ -199,6 +199,7 @@ def test_train_checks_the_model_config_and_the_data_before_starting(
         f"dsbuild: error: {job}: data.path: {data}: line 2: field 'output': expected a string, it is missing or null\n"
         "dsbuild: error: not started: 1 error\n"
     )
+    assert run(capsys, "train", str(job), "--nproc-per-node", "2") == (1, "", err)  # before any rank: said once
 
 
 @pytest.mark.train
