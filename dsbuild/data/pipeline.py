@@ -99,7 +99,7 @@ def _processes(spec: DataSpec) -> int | None:
 
 
 def _sources(spec: DataSpec, cache_dir: str | None) -> tuple[Source, Source | None]:
-    records = functools.partial(load_source, cache_dir=cache_dir, fmt=spec.format, columns=spec.columns)
+    records = functools.partial(load_source, cache_dir=cache_dir, fmt=spec.format, columns=spec.names)
     train = records(spec.path, key="data.path", split=spec.split)
     evaluation = None
     if spec.eval_path is not None:
@@ -130,14 +130,14 @@ def _check(source: Source, spec: DataSpec, key: str, vocab_size: int | None = No
     top = FIELDS[spec.format][:1] if spec.format in CHAT_FORMATS else FIELDS[spec.format]
     wanted = [spec.field(name) for name in top]
     present = [name for name in wanted if name in dataset.column_names]
-    checker = Checker(spec.format, spec.columns)
+    checker = Checker(spec.format, spec.names)
     if present:
         with quiet(bars=dataset.num_rows > SMALL, logs=True):
             checked = dataset.select_columns(present).map(
                 check_rows,
                 batched=True,
                 batch_size=10 * _BATCH,
-                fn_kwargs={"fmt": spec.format, "columns": dict(spec.columns), "vocab_size": vocab_size},
+                fn_kwargs={"fmt": spec.format, "columns": spec.names, "vocab_size": vocab_size},
                 remove_columns=present,
                 num_proc=_processes(spec),
                 desc=f"dsbuild: checking {source.name}",
@@ -244,7 +244,7 @@ def _tokenized(source: Source, spec: DataSpec, tokenizer: Any, options: Encoding
             encode_rows,
             batched=True,
             batch_size=_BATCH,
-            fn_kwargs={"tokenizer": tokenizer, "options": options, "columns": dict(spec.columns)},
+            fn_kwargs={"tokenizer": tokenizer, "options": options, "columns": spec.names},
             remove_columns=source.dataset.column_names,
             features=_features(
                 ["input_ids", "labels"], ["length", "prompt_length", "trained", "labelled"], ["problem"]

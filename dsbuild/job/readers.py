@@ -37,7 +37,6 @@ from .formats import (
 from .functions import function_ref_problem
 from .rl import DPOSpec, GRPOSpec, loss_weights_problem
 from .spec import (
-    ALSO_READ,
     ATTN_IMPLEMENTATIONS,
     BYTE_TOKENIZER,
     BYTE_VOCAB,
@@ -221,7 +220,8 @@ def template(c: Collector, value: Any, path: str, _: Mapping[str, Any]) -> Any:
 
 
 def columns(c: Collector, value: Any, path: str, table: Mapping[str, Any]) -> Any:
-    """``[data.columns]`` (and ``data.text_field`` / TRL's ``dataset_text_field``): the file's names for fields."""
+    """``[data.columns]``: the file's names for fields (``data.dataset_text_field`` / ``text_field`` is a key of
+    ``DataSpec``, which ``DataSpec.names`` merges, for a job file and ``DataSpec(...)`` alike)."""
     found = c.table(table, "columns", path)
     fields = FIELDS.get(str(table.get("format", "")), ())
     if found is not BAD and fields:
@@ -232,14 +232,6 @@ def columns(c: Collector, value: Any, path: str, table: Mapping[str, Any]) -> An
             c.problem(f"{path}.{key}", f"got {describe(name)}, expected a field name")
         elif key in fields or not fields:
             named[key] = name
-    for key, also in ALSO_READ[DataSpec].items():  # dsbuild's name and TRL's
-        if key in table:
-            assert also.spec is not None
-            text_field = c.value(table[key], f"data.{key}", also.spec)
-            if text_field is not ABSENT and named.get("text", text_field) != text_field:
-                c.problem(f"data.{key}", "the text field is named twice, differently", "keep one")
-            elif text_field is not ABSENT:
-                named["text"] = text_field
     return {key: name for key, name in named.items() if name != key}
 
 

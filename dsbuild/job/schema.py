@@ -19,7 +19,6 @@ from ..resolve.training import Training
 from ..version import VERSION
 from .rl import DPOSpec, GRPOSpec
 from .spec import (
-    ALSO_READ,
     TASKS,
     DataSpec,
     LaunchSpec,
@@ -91,9 +90,6 @@ def _table(cls: type) -> dict[str, Any]:
         properties[name] = schema
         for alias in key.aliases:
             properties[alias] = {**schema, "description": f"The same as {name}."}
-    for name, key in ALSO_READ.get(cls, {}).items():
-        assert key.spec is not None
-        properties[name] = {**value_schema(key.spec), **(key.schema or {})}
     table: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": False}
     if cls.__doc__:
         table["description"] = one_line(cls.__doc__)

@@ -17,10 +17,10 @@ import attrs
 
 from ..api import Config
 from ..config.fields import Spec
+from ..errors import ConfigError, Problem
 from .formats import FORMATS, PACKING_STRATEGIES, TEMPLATE_KEYS, TEMPLATES
 
 __all__ = [
-    "ALSO_READ",
     "ATTN_IMPLEMENTATIONS",
     "BACKENDS",
     "BYTE_TOKENIZER",
@@ -121,9 +121,9 @@ def job_keys(cls: type) -> dict[str, Key]:
 
 
 def table_keys(cls: type) -> list[str]:
-    """Every key the table accepts: its keys, their other spellings and the keys read into another field."""
+    """Every key the table accepts: its keys and their other spellings."""
     keys = job_keys(cls)
-    return [*keys, *(alias for key in keys.values() for alias in key.aliases), *ALSO_READ.get(cls, {})]
+    return [*keys, *(alias for key in keys.values() for alias in key.aliases)]
 
 
 @attrs.frozen
@@ -270,17 +270,25 @@ class DataSpec:
     tokenizer's end-of-sequence token."""
     num_proc: int | None = _key(None, _typed("int", ge=1))
     """Processes tokenizing the data (``datasets``' ``map``); default one."""
-    dataset_text_field: str | None = attrs.field(default=None, kw_only=True)
-    """TRL's name: the field holding the text of ``"text"`` records, the same as ``columns = {"text": ...}``
-    (a job file's ``text_field`` or ``dataset_text_field`` fills ``columns``); default ``"text"``."""
+    dataset_text_field: str | None = _key(None, _typed("str"), aliases=("text_field",), kw_only=True)
+    """TRL's name (a job file's ``text_field`` too): the field holding the text of ``"text"`` records, the same as
+    ``columns = {"text": ...}``; default ``"text"``. The job file and ``DataSpec(...)`` both set it here, and the data
+    are read by ``names``."""
 
     def __attrs_post_init__(self) -> None:
         named = self.columns.get("text")
         if self.dataset_text_field is not None and named is not None and named != self.dataset_text_field:
-            raise ValueError(
-                f"dataset_text_field {self.dataset_text_field!r} and columns['text'] {named!r} name the text field "
-                "twice, differently: keep one"
-            )
+            message = f"{self.dataset_text_field!r} and columns.text {named!r} name the text field twice, differently"
+            raise ConfigError(Problem("data.dataset_text_field", message, "keep one"))
+
+    @property
+    def names(self) -> dict[str, str]:
+        """The file's names for the format's fields where they differ from the format's (``FIELDS``): ``columns``,
+        with ``dataset_text_field`` as the text's. The one mapping every reader of records uses."""
+        names = dict(self.columns)
+        if self.dataset_text_field is not None:
+            names.setdefault("text", self.dataset_text_field)
+        return {key: name for key, name in names.items() if name != key}
 
     @property
     def text_field(self) -> str:
@@ -289,9 +297,7 @@ class DataSpec:
 
     def field(self, name: str) -> str:
         """The file's name for the format's field ``name``."""
-        if name == "text" and "text" not in self.columns and self.dataset_text_field is not None:
-            return self.dataset_text_field
-        return self.columns.get(name, name)
+        return self.names.get(name, name)
 
     @property
     def loss_on_assistant_only(self) -> bool:
@@ -433,12 +439,3 @@ class RewardsSpec:
         converter=lambda v: tuple(v) if isinstance(v, list) else v,
     )
     """One weight per function (TRL's ``reward_weights``); default 1.0 each."""
-
-
-ALSO_READ: Final[dict[type, dict[str, Key]]] = {
-    DataSpec: {
-        "text_field": Key(_typed("str"), {"description": "the field of text records (into [data.columns] text)"}),
-        "dataset_text_field": Key(_typed("str"), {"description": "TRL's name of text_field"}),
-    },
-}
-"""Keys a table takes that fill another field (``text_field``: ``columns["text"]``)."""
