@@ -25,7 +25,16 @@ from ..job.spec import DataSpec
 from .packing import pack_columns
 from .records import Checker, Record, check_record, no_sample_left
 from .sources import SMALL, Source, load_source, quiet
-from .tokens import Encoding, Unusable, chat_segments, chat_template_of, encode, stop_untrained, with_eos_token
+from .tokens import (
+    Encoding,
+    Unusable,
+    chat_segments,
+    chat_template_for,
+    encode,
+    stop_untrained,
+    template_key,
+    with_eos_token,
+)
 
 __all__ = ["Datasets", "Samples", "check", "encoding", "load"]
 
@@ -221,10 +230,9 @@ def _encoding(spec: DataSpec, tokenizer: Any) -> Encoding:
     if spec.format in CHAT_FORMATS:  # a template that cannot render a plain exchange fails once, not per record
         probe = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
         try:
-            chat_segments(probe, tokenizer, chat_template_of(tokenizer, options))
+            chat_segments(probe, tokenizer, chat_template_for(tokenizer, options.chat_template))
         except Unusable as e:
-            key = "data.chat_template" if spec.chat_template is not None else "model.tokenizer"
-            raise ConfigError(Problem(key, str(e))) from None
+            raise ConfigError(Problem(template_key(spec.chat_template), str(e))) from None
     return options
 
 

@@ -5,8 +5,9 @@ A record (TRL's preference format) has ``chosen`` and ``rejected`` and, usually,
 implicit: the common start of ``chosen`` and ``rejected``, cut as TRL's ``extract_prompt`` cuts it.
 
 Tokenizing (``tokenize_pair``, TRL's ``_prepare_dataset``): a standard record's completions end with the tokenizer's EOS
-(added when missing); a conversational one is rendered with the chat template (the prompt with the generation
-prompt). The prompt's tokens are those ``prompt`` and ``prompt + chosen`` / ``prompt + rejected`` share
+(added when missing; an empty completion is its EOS alone, as TRL trains it); a conversational one is rendered with the
+chat template (the prompt with the generation prompt): ``data.chat_template``, else the tokenizer's, else
+``FALLBACK_CHAT_TEMPLATE`` (``tokens.chat_template_for``, the rule of every task; TRL itself fails without a template). The prompt's tokens are those ``prompt`` and ``prompt + chosen`` / ``prompt + rejected`` share
 (``common_prefix_length``), the rest is each completion. With ``truncation_mode = "keep_start"`` a pair whose prompt
 alone fills ``max_length`` is dropped (nothing of the completions would be left to learn from).
 
@@ -25,8 +26,8 @@ from typing import TYPE_CHECKING, Any, Final
 from ..errors import ConfigError, Problem
 from ..job.formats import FIELDS as FORMAT_FIELDS
 from ..job.rl import TRUNCATION_MODES, DPOSpec
-from .records import NOTHING_TO_LEARN, Record, read_checked
-from .tokens import common_prefix_length
+from .records import NOTHING_TO_LEARN, Record, iter_records, read_checked
+from .tokens import chat_template_for, common_prefix_length, template_key
 
 if TYPE_CHECKING:
     from ..job.spec import DataSpec
@@ -73,8 +74,8 @@ def check_pair(record: Any) -> tuple[Record | None, str | None]:
             return None, problem
     if len(set(kinds.values())) > 1:
         return None, "mixes text and messages: prompt, chosen and rejected are all strings or all lists of messages"
-    if not record["chosen"] or not record["rejected"]:
-        return None, f"chosen or rejected is empty {NOTHING_TO_LEARN}"
+    if kinds.get("chosen") == "messages" and (not record["chosen"] or not record["rejected"]):
+        return None, f"chosen or rejected is an empty list of messages {NOTHING_TO_LEARN}"
     return {name: record[name] for name in present}, None
 
 
@@ -106,10 +107,11 @@ def _ids(tokenizer: Any, value: str | list[Any], **template: Any) -> list[int]:
 
 def tokenize_pair(record: Mapping[str, Any], tokenizer: Any, chat_template: str | None = None) -> dict[str, list[int]]:
     """``prompt_ids``, ``chosen_ids`` and ``rejected_ids`` of one checked record, as TRL tokenizes it (module
-    docstring)."""
+    docstring); a conversation rendered with ``chat_template_for`` (the job's template, else the tokenizer's, else
+    the fallback)."""
     pair = dict(record) if "prompt" in record else extract_prompt(record)
-    template = {"chat_template": chat_template} if chat_template is not None else {}
     if isinstance(pair["chosen"], list):
+        template = {"chat_template": chat_template_for(tokenizer, chat_template)}
         prompt = _ids(tokenizer, pair["prompt"], add_generation_prompt=True, **template)
         chosen = _ids(tokenizer, pair["prompt"] + pair["chosen"], **template)
         rejected = _ids(tokenizer, pair["prompt"] + pair["rejected"], **template)
@@ -130,20 +132,43 @@ def tokenize_pairs(
     max_length: int | None,
     truncation_mode: str = "keep_start",
     chat_template: str | None = None,
+    source: str | Path | None = None,
 ) -> tuple[list[dict[str, list[int]]], int]:
     """Every record tokenized (``tokenize_pair``) and how many were dropped: with ``keep_start``, those whose prompt
-    alone fills ``max_length``."""
+    alone fills ``max_length``. A conversation the chat template cannot render is a ``ConfigError`` under the key
+    that sets the template, naming the record (its file and line when ``source``, the file ``records`` came
+    from, is given)."""
+    from jinja2 import TemplateError
+
     if truncation_mode not in TRUNCATION_MODES:
         raise ConfigError(
             Problem("dpo.truncation_mode", f"got {truncation_mode!r}, expected 'keep_start' or 'keep_end'")
         )
     with warnings.catch_warnings():  # ByT5's "already has </s>": TRL's own texts end with EOS the same way
         warnings.filterwarnings("ignore", message="This sequence already has", category=UserWarning)
-        pairs = [tokenize_pair(record, tokenizer, chat_template) for record in records]
+        pairs = []
+        for i, record in enumerate(records):
+            try:
+                pairs.append(tokenize_pair(record, tokenizer, chat_template))
+            except TemplateError as e:  # a template of the job's or the tokenizer's that refuses this conversation
+                where = _where(source, i)
+                message = f"{where}: the chat template cannot render this pair: {e}"
+                hint = "set data.chat_template to a template that renders it"
+                raise ConfigError(Problem(template_key(chat_template), message, hint)) from None
     if max_length is None or truncation_mode != "keep_start":
         return pairs, 0
     kept = [pair for pair in pairs if len(pair["prompt_ids"]) < max_length]
     return kept, len(pairs) - len(kept)
+
+
+def _where(source: str | Path | None, index: int) -> str:
+    """Where the ``index``-th record is: its file and line (or ``[i]``) when ``source`` is known, else ``[index]``."""
+    if source is None:
+        return f"[{index}]"
+    for i, (where, _) in enumerate(iter_records(Path(source))):
+        if i == index:
+            return f"{source}: {where}"
+    return f"{source}: [{index}]"
 
 
 def collate_pairs(
@@ -205,7 +230,8 @@ def load_data(spec: DataSpec, tokenizer: Any, dpo: DPOSpec | None = None) -> tup
     def tokenized(path: str | Path, key: str, what: str) -> list[dict[str, list[int]]]:
         records = read_pairs(path)
         pairs, dropped = tokenize_pairs(records, tokenizer, max_length=dpo.max_length,
-                                        truncation_mode=dpo.truncation_mode, chat_template=spec.chat_template)  # fmt: skip
+                                        truncation_mode=dpo.truncation_mode, chat_template=spec.chat_template,
+                                        source=path)  # fmt: skip
         if not pairs:
             raise ConfigError(Problem(key, f"{path}: the prompt of every one of its {len(records)} pairs fills "
                                            f"dpo.max_length = {dpo.max_length}: no pair is left to learn from"))  # fmt: skip

@@ -6,7 +6,8 @@ column but ``prompt``, ``completion`` and ``completion_ids``).
 
 Tokenizing (``prompt_ids``, TRL's ``_tokenize_prompts``): a standard prompt is the tokenizer's call on the text
 (special tokens added as the tokenizer adds them); a conversational one is rendered with the chat template and the
-generation prompt (``data.chat_template``, else the tokenizer's, else dsbuild's fallback template, as for SFT data).
+generation prompt (``data.chat_template``, else the tokenizer's, else dsbuild's fallback template: ``chat_template_for``,
+as for SFT and DPO data).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, Problem
 from .records import NOTHING_TO_LEARN, Record, read_checked
+from .tokens import chat_template_for
 
 if TYPE_CHECKING:
     from ..job.spec import DataSpec
@@ -61,13 +63,9 @@ def prompt_ids(record: Mapping[str, Any], tokenizer: Any, chat_template: str | N
     """The prompt's tokens, as TRL's ``_tokenize_prompts`` makes them (module docstring)."""
     prompt = record["prompt"]
     if isinstance(prompt, list):
-        if chat_template is None and not getattr(tokenizer, "chat_template", None):
-            from ..job.formats import FALLBACK_CHAT_TEMPLATE
-
-            chat_template = FALLBACK_CHAT_TEMPLATE
-        template = {"chat_template": chat_template} if chat_template is not None else {}
+        template = chat_template_for(tokenizer, chat_template)
         rendered = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True,
-                                                 **template)  # fmt: skip
+                                                 chat_template=template)  # fmt: skip
         return list(rendered["input_ids"])
     return list(tokenizer(text=prompt)["input_ids"])
 

@@ -43,13 +43,14 @@ __all__ = [
     "Tokenized",
     "Unusable",
     "chat_segments",
-    "chat_template_of",
+    "chat_template_for",
     "common_prefix_length",
     "encode",
     "keep_trained_template",
     "render",
     "split_at",
     "stop_untrained",
+    "template_key",
     "tokenize",
     "with_eos_token",
 ]
@@ -100,12 +101,19 @@ class Unusable(Exception):
     """A record the chat template cannot render into trained and untrained parts."""
 
 
-def chat_template_of(tokenizer: Any, options: Encoding) -> str | None:
-    """The chat template conversations are rendered with: the job's, else ``None`` (the tokenizer's own), else
-    ``FALLBACK_CHAT_TEMPLATE`` for a tokenizer without one."""
-    if options.chat_template is not None:
-        return options.chat_template
+def chat_template_for(tokenizer: Any, chat_template: str | None) -> str | None:
+    """The chat template conversations are rendered with, the one rule of every task and format (SFT's chats and
+    conversational prompt / completion records, DPO's pairs, GRPO's prompts): the job's ``data.chat_template``, else
+    ``None`` (the tokenizer's own), else ``FALLBACK_CHAT_TEMPLATE`` for a tokenizer without one."""
+    if chat_template is not None:
+        return chat_template
     return None if getattr(tokenizer, "chat_template", None) else FALLBACK_CHAT_TEMPLATE
+
+
+def template_key(chat_template: str | None) -> str:
+    """The key that sets the template ``chat_template_for`` picks, for a message about it: ``data.chat_template``
+    when the job sets it, else ``model.tokenizer`` (the tokenizer's own, or the fallback for a tokenizer without)."""
+    return "data.chat_template" if chat_template is not None else "model.tokenizer"
 
 
 def with_eos_token(tokenizer: Any, token: str | None) -> Any:
@@ -127,7 +135,7 @@ def keep_trained_template(tokenizer: Any, fmt: str, chat_template: str | None) -
     without a ``data.chat_template`` (they may be plain text)."""
     if fmt not in CHAT_FORMATS and not (fmt in TEMPLATED_FORMATS and chat_template):
         return
-    template = chat_template_of(tokenizer, Encoding(fmt, 1, ("", ""), chat_template))
+    template = chat_template_for(tokenizer, chat_template)
     if template is not None:
         tokenizer.chat_template = template
 
@@ -322,7 +330,7 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
 
 def encode(records: Sequence[Record | None], tokenizer: Any, options: Encoding) -> dict[str, list[Any]]:
     """The ``COLUMNS`` of checked records (``None``: a record already refused, which gives an empty sample)."""
-    template = chat_template_of(tokenizer, options) if options.fmt in TEMPLATED_FORMATS else None
+    template = chat_template_for(tokenizer, options.chat_template) if options.fmt in TEMPLATED_FORMATS else None
     eos = options.eos_token if options.eos_token is not None else getattr(tokenizer, "eos_token", None)
     plans: list[Plan | str] = []
     chat_texts: list[str] = []
@@ -389,7 +397,7 @@ def stop_untrained(tokenizer: Any, options: Encoding) -> str | None:
         {"role": "user", "content": "dummy"},
     ]
     try:
-        segments = chat_segments(probe, tokenizer, chat_template_of(tokenizer, options))
+        segments = chat_segments(probe, tokenizer, chat_template_for(tokenizer, options.chat_template))
     except Unusable:
         return None
     trained = [text for text, flag in segments if flag]

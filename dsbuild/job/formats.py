@@ -36,9 +36,10 @@ prompts of ``task = "grpo"``, TRL's prompt-only format)."""
 CHAT_FORMATS: Final = ("messages", "sharegpt")
 """Formats of conversations, rendered with a chat template; the loss is on the assistant's turns."""
 
-TEMPLATED_FORMATS: Final = (*CHAT_FORMATS, "prompt_completion")
-"""Formats whose records may be rendered with a chat template (``prompt_completion`` when its records hold
-conversations: TRL's conversational prompt-completion)."""
+TEMPLATED_FORMATS: Final = (*CHAT_FORMATS, "prompt_completion", "preference", "prompt")
+"""Formats whose records may be rendered with a chat template (``data.chat_template``, else the tokenizer's, else
+``FALLBACK_CHAT_TEMPLATE``: ``data.tokens.chat_template_for``, every task): ``prompt_completion``, ``preference``
+(DPO's pairs) and ``prompt`` (GRPO's) when their records hold conversations, as TRL's conversational formats."""
 
 PACKING_STRATEGIES: Final = ("bfd", "bfd_split", "wrapped")
 """TRL's ``packing_strategy`` values: best-fit decreasing (an overlong sample cut at ``max_length``), best-fit

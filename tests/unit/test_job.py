@@ -313,7 +313,7 @@ def test_bad_data_options_each_name_their_key(tmp_path: Path) -> None:
         "data.columns.outptu: unknown key (did you mean 'output'?)",
         "data.packing: got 'yes', expected true or false",
         "data.num_proc: got 0, expected an integer >= 1",
-        "data.chat_template: only 'messages', 'sharegpt', 'prompt_completion' records use a chat template; the format is 'alpaca'",
+        "data.chat_template: only 'messages', 'sharegpt', 'prompt_completion', 'preference', 'prompt' records use a chat template; the format is 'alpaca'",
     ]
     assert problems(path, **{"data.path": "notes.txt"}) == [
         f"data.path: not a data file dsbuild reads: {str(tmp_path / 'notes.txt')!r} (expected .json, .jsonl, .csv, "
