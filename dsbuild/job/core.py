@@ -175,12 +175,19 @@ class Job:
         return [*self._task_problems(world), *found]
 
     def _task_problems(self, world_size: int) -> list[Diagnostic]:
-        """What the task needs of the run's world size: a GRPO job's generation batch holds whole groups at the world
-        size the run will have (the reader checked the job's own ``[launch]``; an override may change it)."""
+        """What the task needs of the run: a GRPO job's generation batch holds whole groups at the world size the run
+        will have (the reader checked the job's own ``[launch]``; an override may change it), and its reward models
+        can be offloaded as asked (the strategy's stage)."""
         if self.grpo is None:
             return []
         problems = grpo_batch_problems(self.grpo, self.training, world_size)
-        return [Diagnostic(p.path, "error", p.message, p.hint, "world size") for p in problems]
+        found = [Diagnostic(p.path, "error", p.message, p.hint, "world size") for p in problems]
+        if self.rewards is not None and self.rewards.models and self.rewards.offload_models:
+            try:
+                self.config.for_inference(True)  # its refusal: offloading parameters needs ZeRO stage 3
+            except ConfigError as e:
+                found += [Diagnostic("rewards.offload_models", "error", p.message, p.hint) for p in e.problems]
+        return found
 
     def check(self, *, world_size: int | None = None) -> Job:
         """Raise one ``ConfigError`` (``source``: the job file) listing every error of ``validate``; else ``self``."""

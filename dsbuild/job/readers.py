@@ -402,20 +402,36 @@ def rollout_checks(c: Collector, values: dict[str, Any], path: str, table: Mappi
 
 
 def rewards_checks(c: Collector, values: dict[str, Any], path: str, table: Mapping[str, Any]) -> None:
-    """One or more ``module:function`` references, and one weight per function when weights are given."""
-    functions = values.get("functions", ())
-    if not functions:
-        c.problem(f"{path}.functions", "got an empty list, expected one reward function or more")
+    """One or more reward models (local folders made absolute, or hub ids) and ``module:function`` references, and
+    one weight per model and function when weights are given."""
+    functions, models = values.get("functions", ()), values.get("models", ())
+    if not functions and not models:
+        c.problem(f"{path}.functions", "got no reward function and no reward model, expected one or more",
+                  'e.g. functions = ["my_rewards:length"], or models = ["path/to/reward_model"]')  # fmt: skip
     for i, ref in enumerate(functions):
         if (problem := function_ref_problem(f"{path}.functions[{i}]", ref)) is not None:
             c.problems.append(problem)
-    weights = values.get("weights")
+    values["models"] = tuple(_reward_model(c, ref, f"{path}.models[{i}]") for i, ref in enumerate(models))
+    weights, scored = values.get("weights"), len(functions) + len(models)
     if weights is not None:
         if (problem := loss_weights_problem(f"{path}.weights", weights)) is not None:
             c.problems.append(problem)
-        elif functions and len(weights) != len(functions):
-            c.problem(f"{path}.weights", f"got {len(weights)} weights for {len(functions)} functions",
-                      "give one weight per function")  # fmt: skip
+        elif scored and len(weights) != scored:
+            c.problem(f"{path}.weights", f"got {len(weights)} weights for {len(models)} models and {len(functions)} "
+                      "functions", "give one weight per reward model and function, the models' first")  # fmt: skip
+
+
+def _reward_model(c: Collector, value: str, path: str) -> str:
+    """A reward model: a local folder with a ``config.json`` (made absolute), or a hub id (kept)."""
+    candidate = real_path(c.base_dir / Path(value).expanduser())
+    if candidate.is_dir() and (candidate / "config.json").is_file():
+        return str(candidate)
+    if candidate.exists():
+        c.problem(path, f"{str(candidate)!r} is not a model folder (no config.json)",
+                  "a folder save_pretrained wrote: an AutoModelForSequenceClassification with one label")  # fmt: skip
+    elif not is_hub_id(value):
+        c.problem(path, f"no such folder: {str(candidate)!r}", "a reward model's folder, relative to the job file")
+    return value
 
 
 READERS: Final[dict[tuple[type, str], Reader]] = {

@@ -425,17 +425,24 @@ class RolloutSpec:
 
 @attrs.frozen
 class RewardsSpec:
-    """``[rewards]`` (``task = "grpo"``): the reward functions, called as TRL's ``GRPOTrainer`` calls them."""
+    """``[rewards]`` (``task = "grpo"``): the reward models and functions, scored as TRL's ``GRPOTrainer`` scores
+    its ``reward_funcs``."""
 
-    functions: tuple[str, ...] = _key(
-        spec=_typed("strs"), missing='missing: the reward functions, e.g. functions = ["my_rewards:length"]'
-    )
+    functions: tuple[str, ...] = _key((), _typed("strs"))
     """``"module:function"`` each (TRL's ``reward_funcs``), called with ``prompts``, ``completions``,
     ``completion_ids`` and the record's other columns; one number per completion (``None``: not scored). The modules
     are imported from the job file's folder or the Python path: a job file that names a function runs that code."""
+    models: tuple[str, ...] = _key((), _typed("strs"))
+    """Reward models (TRL's ``reward_funcs`` strings): each a local folder (relative to the job file; absolute once
+    read) or a hub id of an ``AutoModelForSequenceClassification`` with one label and its tokenizer, scored as TRL
+    scores it, on a DeepSpeed inference engine of its own (``Config.for_inference`` of the strategy). Scored before
+    the functions, and their rewards come first: ``weights`` gives the models' first, then the functions'."""
+    offload_models: bool = _key(False, _typed("bool"))
+    """The reward models' parameters in CPU memory between uses (ZeRO stage 3 only: ``Config.for_inference(offload=
+    True)``)."""
     weights: tuple[float, ...] | None = _key(
         None,
         schema={"type": "array", "items": {"type": "number"}, "minItems": 1},
         converter=lambda v: tuple(v) if isinstance(v, list) else v,
     )
-    """One weight per function (TRL's ``reward_weights``); default 1.0 each."""
+    """One weight per reward model and function, models first (TRL's ``reward_weights``); default 1.0 each."""

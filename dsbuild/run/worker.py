@@ -351,6 +351,7 @@ def grpo_parts(job: Job, ready: Prepared) -> tuple[Any, Any]:
     the policy when ``beta`` > 0."""
     from torch.utils.data import DataLoader
 
+    from ..rl.reward_models import reward_model
     from ..rl.rollouts import GenerationSampler, GRPOSteps
 
     assert job.grpo is not None and job.rewards is not None
@@ -366,7 +367,9 @@ def grpo_parts(job: Job, ready: Prepared) -> tuple[Any, Any]:
                                 rank=session.rank, seed=job.training.seed)  # fmt: skip
     loader: DataLoader[Any] = DataLoader(ready.train, batch_size=session.micro_batch_size,  # type: ignore[arg-type]
                                          sampler=sampler, collate_fn=list)  # fmt: skip
-    steps = GRPOSteps(session, job.grpo, functions["rewards"], weights=job.rewards.weights, reference=reference,
+    # The reward models first: under ZeRO-3 their forward is collective, and no function can have failed before it.
+    models = [reward_model(session, path, offload=job.rewards.offload_models) for path in job.rewards.models]
+    steps = GRPOSteps(session, job.grpo, [*models, *functions["rewards"]], weights=job.rewards.weights, reference=reference,
                       rollout=next(iter(functions["rollout"]), None), weight_sink=next(iter(functions["weight_sink"]), None))  # fmt: skip
     return loader, steps
 

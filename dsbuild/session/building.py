@@ -119,13 +119,21 @@ def pretrained_config(source: Any) -> Any:
 
 
 def build_model(
-    source: Any, ds_config: Mapping[str, Any], *, dtype: Any = None, attn_implementation: str | None = None
+    source: Any,
+    ds_config: Mapping[str, Any],
+    *,
+    dtype: Any = None,
+    attn_implementation: str | None = None,
+    kind: str = "AutoModelForCausalLM",
+    **more: Any,
 ) -> Any:
-    """A causal LM from a path / hub id (its weights) or a ``PretrainedConfig`` (random init), ZeRO-3 aware."""
+    """A causal LM (or another of transformers' ``kind`` of auto class, with ``more`` of its arguments: a reward
+    model's ``AutoModelForSequenceClassification`` with ``num_labels=1``) from a path / hub id (its weights) or a
+    ``PretrainedConfig`` (random init), ZeRO-3 aware."""
     from transformers import PretrainedConfig
 
-    auto: Any = importlib.import_module("transformers").AutoModelForCausalLM
-    kwargs: dict[str, Any] = {}
+    auto: Any = getattr(importlib.import_module("transformers"), kind)
+    kwargs: dict[str, Any] = dict(more)
     if dtype is not None:
         kwargs["dtype"] = as_dtype(dtype)
     if attn_implementation is not None:

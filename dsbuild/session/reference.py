@@ -54,7 +54,7 @@ class Policy(Protocol):
     def config(self) -> Config: ...
 
 
-__all__ = ["BuiltFrom", "Policy", "Reference", "disable_dropout", "reference_of"]
+__all__ = ["BuiltFrom", "Policy", "Reference", "disable_dropout", "frozen_engine", "reference_of"]
 
 
 @attrs.frozen
@@ -156,8 +156,18 @@ def _hidden_size(policy: Policy) -> int | None:
 
 
 def _separate(policy: Policy, source: Any, config: Config) -> Reference:
-    """A second engine without an optimizer: the model built from ``source`` (the policy's seed, the random state
-    put back after, so the policy's own run draws what it would have drawn), frozen, in eval mode."""
+    """A second engine without an optimizer beside the policy (``frozen_engine``) for its reference."""
+    engine = frozen_engine(policy, source, config)
+    return Reference(policy, engine.module, engine, config, adapters_off=False)
+
+
+def frozen_engine(
+    policy: Policy, source: Any, config: Config, *, kind: str = "AutoModelForCausalLM", **more: Any
+) -> Any:
+    """A DeepSpeed engine without an optimizer on the policy's process group: the model (``building.build_model``'s
+    ``kind`` and ``more``) built from ``source`` the ZeRO-3 way under ``config`` (the policy's seed, the random state
+    put back after, so the policy's own run draws what it would have drawn), frozen, in eval mode, dropout off: a
+    reference, or a GRPO job's reward model."""
     import deepspeed
 
     ds_config = config.to_dict()
@@ -166,14 +176,14 @@ def _separate(policy: Policy, source: Any, config: Config) -> Reference:
         seed_everything(built.seed if built is not None else DEFAULT_SEED)
         model = building.build_model(
             source, ds_config, dtype=built.dtype if built is not None else None,
-            attn_implementation=built.attn_implementation if built is not None else None,
+            attn_implementation=built.attn_implementation if built is not None else None, kind=kind, **more,
         )  # fmt: skip
     model.requires_grad_(False)
     disable_dropout(model)
     model.eval()
     engine, *_ = deepspeed.initialize(model=model, config=ds_config)
     engine.eval()
-    return Reference(policy, engine.module, engine, config, adapters_off=False)
+    return engine
 
 
 @contextlib.contextmanager

@@ -45,8 +45,10 @@ def test_every_example_is_covered() -> None:
         "hf_trainer.py",
         "job_dpo.toml",
         "job_grpo.toml",
+        "job_grpo_reward_model.toml",
         "job_lora_zero3.toml",
         "lightning_snippet.py",
+        "make_reward_model.py",
     ]
 
 
@@ -179,6 +181,31 @@ def test_grpo_job_file_trains(tmp_path: Path) -> None:
     steps = [r for r in records if "loss" in r]
     assert len(steps) == 3 and steps[0]["kl"] == 0.0 and "rewards/length/mean" in steps[0] and "reward_std" in steps[0]
     assert (out / "model" / "config.json").is_file()
+
+
+@pytest.mark.train
+@pytest.mark.slow
+def test_grpo_job_with_a_reward_model_trains_on_two_processes(tmp_path: Path) -> None:
+    """make_reward_model.py writes a reward model folder beside a copy of the job; dsbuild train runs it on 2
+    processes under ZeRO-3 (the reward model on its own partitioned inference engine, scored before the function),
+    and logs its rewards under TRL's name for it (``rewards/reward_model/mean``) beside the function's."""
+    import shutil
+
+    for name in ("job_grpo_reward_model.toml", "grpo_rewards.py"):
+        shutil.copy(EXAMPLES / name, tmp_path / name)
+    shutil.copytree(EXAMPLES / "data", tmp_path / "data")
+    example("make_reward_model.py", str(tmp_path / "reward_model"), cwd=tmp_path)
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "dsbuild", "train", str(tmp_path / "job_grpo_reward_model.toml"),
+         "--nproc-per-node=2", "--set=training.max_steps=2", f"--set=training.output_dir='{out}'"],
+        capture_output=True, text=True, env={**os.environ, "DS_ACCELERATOR": "cpu"}, cwd=tmp_path, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
+    steps = [r for r in steps if "loss" in r]
+    assert len(steps) == 2 and all("rewards/reward_model/mean" in r and "rewards/no_spaces/mean" in r for r in steps)
+    assert all(abs(r["rewards/reward_model/std"]) > 0 for r in steps)  # the model scores completions apart
 
 
 def test_lora_job_file_is_valid() -> None:

@@ -324,3 +324,48 @@ def test_a_reward_function_whose_signature_trl_cannot_call_fails_validate(tmp_pa
         "log_extra=, log_metric=, **fields): add **kwargs)"
     ]
     assert info.value.fails_checks
+
+
+# -- [rewards] models --------------------------------------------------------------------------------------------
+
+
+def _reward_model_folder(folder: Path) -> Path:
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "llama", "num_labels": 1}')
+    return folder
+
+
+def test_reward_models_are_read_beside_functions_or_alone(tmp_path: Path) -> None:
+    """``[rewards] models``: a folder relative to the job file (made absolute) or a hub id, with or without reward
+    functions; the weights count the models first, then the functions."""
+    _reward_model_folder(tmp_path / "rm")
+    path = _write(tmp_path, GRPO.replace('functions = ["my_rewards:length"]', 'models = ["rm", "org/reward-model"]'))
+    job = load_job(path)
+    assert job.rewards is not None and job.rewards.functions == ()
+    assert job.rewards.models == (str(tmp_path / "rm"), "org/reward-model")
+    both = load_job(path, {"rewards.functions": ["my_rewards:length"], "rewards.weights": [1.0, 0.5, 2.0]})
+    assert both.rewards is not None and both.rewards.weights == (1.0, 0.5, 2.0)
+
+
+def test_reward_model_mistakes_are_named_by_their_keys(tmp_path: Path) -> None:
+    """No model nor function, a folder that does not exist or is no model folder, a weight count that is not the
+    models' and functions' and offloading below ZeRO-3: each named by its dotted key, together."""
+    (tmp_path / "empty").mkdir()
+    path = _write(tmp_path, GRPO)
+    assert _problems(path, **{"rewards.functions": []}) == [
+        "rewards.functions: got no reward function and no reward model, expected one or more (e.g. functions = "
+        '["my_rewards:length"], or models = ["path/to/reward_model"])'
+    ]
+    found = _problems(path, **{"rewards.models": ["./missing", "empty"], "rewards.weights": [1.0, 2.0]})
+    assert found == [
+        f"rewards.models[0]: no such folder: {str(tmp_path / 'missing')!r} (a reward model's folder, relative to the "
+        "job file)",
+        f"rewards.models[1]: {str(tmp_path / 'empty')!r} is not a model folder (no config.json) (a folder "
+        "save_pretrained wrote: an AutoModelForSequenceClassification with one label)",
+        "rewards.weights: got 2 weights for 2 models and 1 functions (give one weight per reward model and function, "
+        "the models' first)",
+    ]
+    _reward_model_folder(tmp_path / "rm")
+    job = load_job(path, {"rewards.models": ["rm"], "rewards.offload_models": True, "strategy.config": "zero2"})
+    assert [(d.path, d.severity) for d in job.validate()] == [("rewards.offload_models", "error")]
+    assert load_job(path, {"rewards.models": ["rm"], "rewards.offload_models": True}).validate() == []
