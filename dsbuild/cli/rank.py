@@ -22,7 +22,7 @@ from .._util.frames import full_traceback, user_frames
 from .._util.overrides import parse_set
 from ..errors import ConfigError, DsbuildError, RunStopped
 from ..job import load_job
-from ..run.launch import FAILURE_FILE, STOPPED_MARK
+from ..run.failures import FAILURE_FILE, STOPPED_MARK
 from ..run.worker import run
 from ..session.loop import LAUNCHER_PID
 from .output import end_process, error, escape, escape_lines, exit_code, show_logs

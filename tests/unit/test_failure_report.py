@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dsbuild.run.launch import FAILURE_FILE, STOPPED_MARK, failure_account, failure_report
+from dsbuild.run.failures import FAILURE_FILE, STOPPED_MARK, failure_account, failure_report
 
 
 def _ranks(tmp_path: Path, *kinds: str) -> Path:
