@@ -25,6 +25,7 @@ from ..errors import DsbuildError, RunStopped
 from ..version import VERSION
 from .args import Commands
 from .configs import add_explain, add_export, add_presets, add_schema, add_show, add_validate
+from .imports import add_import
 from .output import end_process, error, escape_lines, exit_code, report, show_logs
 from .tools import add_checkpoints, add_doctor, add_plan
 from .train import add_train
@@ -37,6 +38,7 @@ COMMANDS: list[Callable[[Commands], None]] = [
     add_presets,
     add_show,
     add_export,
+    add_import,
     add_validate,
     add_explain,
     add_plan,

@@ -29,7 +29,7 @@ FORMATS = ("json", "toml")
 
 TARGETS = ("auto", "deepspeed", "hf")
 
-CONSUMERS = ("deepspeed", "hf", "accelerate")
+CONSUMERS = ("deepspeed", "hf", "accelerate", "trl")
 
 Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 

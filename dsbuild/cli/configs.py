@@ -76,8 +76,9 @@ def add_export(commands: Commands) -> None:
         default="deepspeed",
         help=(
             'who reads it: "deepspeed" (default, the config as it is), "hf" (every value the HF Trainer fills set '
-            'to "auto"), or "accelerate" (OUT is an Accelerate config YAML, and the ds_config it points to is written '
-            'too: "auto" where Accelerate fills it in a plain loop, the rest resolved from the job or --training/--set)'
+            'to "auto"), "accelerate" (OUT is an Accelerate config YAML, and the ds_config it points to is written '
+            'too: "auto" where Accelerate fills it in a plain loop, the rest resolved from the job or --training/--set), '
+            'or "trl" (a job as TRL runs it: OUT is the TRL config, written with its Accelerate config and ds_config)'
         ),
     )
     p.add_argument(
@@ -116,6 +117,10 @@ def _export(args: argparse.Namespace) -> int:
     )
 
     output = Path(args.output)
+    if args.consumer == "trl":
+        from .imports import export_trl
+
+        return export_trl(args)
     accelerate = args.consumer == "accelerate"
     usage = _export_usage(args, output)
     if usage is None:
