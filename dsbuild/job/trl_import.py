@@ -309,13 +309,14 @@ def _eval_split(args: TrlArguments, table: dict[str, Any]) -> Note:
 
 def _sft_data(args: TrlArguments, key: str, to: str, table: dict[str, Any]) -> list[Note]:
     value = args.trainer.get(key)
+    given = key in args.given
     if key == "max_length" and value is None:
         return [Note("trl", key, None, "not carried", why="a job cuts every sample at data.max_length",
                      instead="set a length")]  # fmt: skip
-    if value is None or (value == args.defaults.get(key) and key not in args.given and key != "max_length"):
-        return []
     if key == "packing_strategy" and not args.trainer.get("packing"):
-        return [Note("trl", key, value, "no effect", why="packing is off")]
+        return [Note("trl", key, value, "no effect", why="packing is off")] if given else []
+    if value is None or (value == args.defaults.get(key) and key != "max_length"):
+        return [Note("trl", key, args.given[key], "no effect", why="TRL's default, a job's too")] if given else []
     table[to] = value
     return [_carried(args, key, value, f"data.{to}")]
 

@@ -5,6 +5,7 @@ keys and LoRA are the values TRL's own ``SFTConfig`` / ``ModelConfig`` hold for 
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,34 @@ def test_generated_plugin_settings_give_accelerates_ds_config(
     assert keys == {*config.keys() - {"deepspeed_config"}, *(f"deepspeed_config.{k}" for k in plugin)}
 
 
+_DS_FILES = [
+    {"zero_optimization": {"stage": "auto", "offload_optimizer": {"device": "auto"}}, "bf16": {"enabled": "auto"}},
+    {"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}, "gradient_accumulation_steps": "auto"},
+    {"zero_optimization": {"stage": 1}, "fp16": {"enabled": "auto"}, "gradient_clipping": 0.5},
+]
+
+
+@pytest.mark.parametrize("ds", _DS_FILES)
+@pytest.mark.parametrize("stage", [2, 3])
+def test_deepspeed_file_with_an_accelerate_config(ds: dict[str, Any], stage: int, tmp_path: Path) -> None:
+    """--deepspeed DS.json under TRL's zero2/3.yaml: the plugin's ds_config from that file, in the environment
+    accelerate launch gives it, the precision the trainer's (bf16)."""
+    from accelerate.utils import DeepSpeedPlugin
+
+    shipped = SHIPPED / f"zero{stage}.yaml"
+    imported = import_job(trl_arguments("sft", SFT, "trl.yaml"), yaml.safe_load(shipped.read_text()), ds,
+                          data_format="messages", cwd=tmp_path)  # fmt: skip
+    saved = dict(os.environ)
+    os.environ.update(_accelerate_env(shipped))
+    try:
+        plugin = DeepSpeedPlugin(hf_ds_config=json.loads(json.dumps(ds)))
+        plugin.set_mixed_precision("bf16")
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    assert imported.job["strategy"]["config"] == _plain(plugin.deepspeed_config)
+
+
 def test_a_ds_config_file_is_filled_as_accelerate_fills_it(tmp_path: Path) -> None:
     """A ds_config file with "auto" stage and offload: filled from the Accelerate settings as the plugin fills it."""
     from accelerate.utils import DeepSpeedPlugin
@@ -163,6 +192,14 @@ _TRAINING_KEYS = {
     "lora_dropout": st.sampled_from([0.0, 0.1]),
     "lora_target_modules": st.sampled_from([["q_proj", "v_proj"], "all-linear"]),
     "dtype": st.sampled_from(["bfloat16", "float32", "auto"]),
+    # keys a job does not run: each said, at TRL's default or not
+    "push_to_hub": st.booleans(),
+    "optim": st.sampled_from(["adamw_torch", "sgd"]),
+    "loss_type": st.sampled_from(["nll", "dft"]),
+    "activation_offloading": st.booleans(),
+    "use_dora": st.booleans(),
+    "dataset_streaming": st.booleans(),
+    "not_a_trl_key": st.just(1),
 }
 
 
@@ -183,8 +220,12 @@ def test_generated_trainer_keys_are_what_trl_runs(config: dict[str, Any], tmp_pa
     if config.get("packing") and config.get("padding_free") is False:
         config.pop("padding_free")
     imported = _imported(config, None, tmp_path)
+    assert {n.key for n in imported.notes} == set(config)  # every key carried, of no effect, or not carried
+    for note in imported.of("not carried"):
+        assert note.why and note.value == config[note.key]
     job = Job.from_dict(imported.job, base_dir=tmp_path)
     parser = make_parser()
+    config.pop("not_a_trl_key", None)
     parser.set_defaults_with_config(**config, use_cpu=True)  # CPU here: TrainingArguments refuses bf16 without it
     _, trainer, model, _ = parser.parse_args_into_dataclasses(args=[])
     for field in attrs.fields(type(job.training)):
@@ -203,7 +244,6 @@ def test_generated_trainer_keys_are_what_trl_runs(config: dict[str, Any], tmp_pa
         lora = job.model.lora.to_peft()
         assert (lora["r"], lora["lora_alpha"], lora["lora_dropout"]) == (peft.r, peft.lora_alpha, peft.lora_dropout)
         target = peft.target_modules
-        assert lora["target_modules"] == (target if isinstance(target, str) else sorted(target)) or set(
-            lora["target_modules"]
-        ) == set(target)
+        ours = lora.get("target_modules")
+        assert (set(ours) if isinstance(ours, list) else ours) == (set(target) if isinstance(target, set) else target)
     assert job.model.dtype == model.dtype
