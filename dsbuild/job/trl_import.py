@@ -286,7 +286,7 @@ def _format(args: TrlArguments, data_format: str | None) -> str:
         return "preference" if args.task == "dpo" else "prompt"
     if data_format is not None:
         return data_format
-    if args.trainer.get("dataset_text_field", "text") != "text":
+    if "dataset_text_field" in args.given:  # the config names the text field: text records
         return "text"
     message = "TRL tells an SFT dataset's format from its columns when it runs; a job names it"
     hint = "give --format text, messages, prompt_completion, alpaca, sharegpt or tokenized"
