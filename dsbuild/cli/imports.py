@@ -61,10 +61,11 @@ def _import(args: argparse.Namespace) -> int:
     accelerate = read_table(args.accelerate) if args.accelerate else None
     task = args.task or task_of(data, task_fields())
     trl = trl_arguments(task, data, args.config)
-    ds_path = _ds_path(args, trl.given, accelerate)
-    ds_file = read_table(ds_path) if ds_path else None
+    ds_file, ds_source = _ds_file(args, trl.given, accelerate)
+    sources = {"accelerate": args.accelerate, "deepspeed": ds_source}
     try:
-        imported = import_job(trl, accelerate, ds_file, data_format=args.data_format, ds_source=ds_path)
+        imported = import_job(trl, accelerate, ds_file, data_format=args.data_format,
+                              sources={k: v for k, v in sources.items() if v})  # fmt: skip
     except ConfigError as e:
         raise e if e.source else e.with_source(args.config) from None
     base = output.parent.resolve()
@@ -85,20 +86,26 @@ def _import(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ds_path(args: argparse.Namespace, given: Mapping[str, Any], accelerate: Mapping[str, Any] | None) -> str | None:
-    """The ds_config TRL's run reads: ``--deepspeed``, the trainer's ``deepspeed``, Accelerate's
-    ``deepspeed_config_file`` (a relative path read from where TRL runs: here)."""
-    if args.deepspeed:
-        return str(args.deepspeed)
-    if isinstance(given.get("deepspeed"), str):
-        return str(given["deepspeed"])
+def _ds_file(
+    args: argparse.Namespace, given: Mapping[str, Any], accelerate: Mapping[str, Any] | None
+) -> tuple[Mapping[str, Any] | None, str | None]:
+    """The ds_config TRL's run reads, and the file it came from: ``--deepspeed``, the trainer's ``deepspeed`` (a path,
+    or the ds_config itself), Accelerate's ``deepspeed_config_file`` (a relative path read from where TRL runs:
+    here)."""
+    from ..io.config_files import read_table
+
+    if isinstance(given.get("deepspeed"), Mapping) and not args.deepspeed:
+        return given["deepspeed"], args.config
     plugin = (accelerate or {}).get("deepspeed_config") or {}
-    path = plugin.get("deepspeed_config_file") if isinstance(plugin, Mapping) else None
-    if path is not None and not isinstance(path, str):
-        raise ConfigError(
-            Problem("deepspeed_config.deepspeed_config_file", "expected a path"), source=args.accelerate, checks=True
-        )
-    return path
+    named = plugin.get("deepspeed_config_file") if isinstance(plugin, Mapping) else None
+    path = args.deepspeed or given.get("deepspeed") or named
+    if path is None:
+        return None, None
+    if not isinstance(path, str):
+        key = "deepspeed" if given.get("deepspeed") is not None else "deepspeed_config.deepspeed_config_file"
+        source = args.config if key == "deepspeed" else args.accelerate
+        raise ConfigError(Problem(key, "expected a path to a ds_config file"), source=source, checks=True)
+    return read_table(path), path
 
 
 def _notes(notes: list[Note], args: argparse.Namespace) -> None:

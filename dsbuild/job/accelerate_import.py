@@ -270,7 +270,7 @@ def _at_default(file: str, key: str, value: Any, row: tuple[Any, str, str]) -> N
     return Note(file, key, value, "not carried", why=why, instead=instead)
 
 
-def strategy_notes(settings: Mapping[str, Any], stage: int, ds_file: str | None) -> list[Note]:
+def strategy_notes(settings: Mapping[str, Any], stage: int) -> list[Note]:
     """A ``Note`` for ``distributed_type`` and each ``deepspeed_config`` setting (``stage``: the ds_config's)."""
     notes = []
     kind = settings.get("distributed_type", "NO")
@@ -284,11 +284,11 @@ def strategy_notes(settings: Mapping[str, Any], stage: int, ds_file: str | None)
                           instead="use a DeepSpeed config (TRL's zero1/2/3.yaml); the job trains at ZeRO stage 0"))  # fmt: skip
     deepspeed = settings.get("deepspeed_config") or {}
     for key, value in deepspeed.items() if isinstance(deepspeed, Mapping) else ():
-        notes.append(_deepspeed_note(key, value, stage, ds_file, kind == "DEEPSPEED"))
+        notes.append(_deepspeed_note(key, value, stage, kind == "DEEPSPEED"))
     return notes
 
 
-def _deepspeed_note(key: str, value: Any, stage: int, ds_file: str | None, used: bool) -> Note:
+def _deepspeed_note(key: str, value: Any, stage: int, used: bool) -> Note:
     dotted = f"deepspeed_config.{key}"
     if not used:
         return Note("accelerate", dotted, value, "no effect", why="distributed_type is not DEEPSPEED")

@@ -54,10 +54,12 @@ class TrlArguments:
     """The file's ``env``: what ``TrlParser`` sets in the environment."""
 
     def group_of(self, key: str) -> str | None:
+        """The group whose dataclass has ``key``, or ``None`` (TRL ignores the key)."""
         return next((g for g in GROUPS if key in self.values[g]), None)
 
     @property
     def trainer(self) -> Mapping[str, Any]:
+        """The trainer config's values (``SFTConfig``, ``DPOConfig``, ``GRPOConfig``)."""
         return self.values["trainer"]
 
 
@@ -69,6 +71,7 @@ class Imported:
     notes: list[Note]
 
     def of(self, kind: str) -> list[Note]:
+        """The notes of one kind: ``"carried"``, ``"no effect"`` or ``"not carried"``."""
         return [n for n in self.notes if n.kind == kind]
 
 
@@ -79,6 +82,9 @@ def trl_arguments(task: str, data: Mapping[str, Any], source: str) -> TrlArgumen
     import dataclasses
 
     parser = module.make_parser()
+    odd = [k for k in data if not isinstance(k, str)]
+    if odd:
+        raise ConfigError(Problem(str(odd[0]), "not a key TRL's parser takes (a name)"), source=source, checks=True)
     given = {k: v for k, v in data.items() if k != "env"}
 
     def refuse(message: str) -> None:
@@ -128,11 +134,12 @@ def import_job(
     *,
     data_format: str | None = None,
     cwd: Path | None = None,
-    ds_source: str | None = None,
+    sources: Mapping[str, str] | None = None,
 ) -> Imported:
     """The job table that runs what TRL runs with ``args`` under the Accelerate config ``accelerate`` (``None``: TRL
     started without one: one process, no DeepSpeed) and the ds_config ``ds_file`` (``--deepspeed``, the trainer's
-    ``deepspeed`` or Accelerate's ``deepspeed_config_file``, read by the caller; ``ds_source`` names it).
+    ``deepspeed`` or Accelerate's ``deepspeed_config_file``, read by the caller; ``sources`` names the files by
+    ``"accelerate"`` and ``"deepspeed"``, for the errors).
     ``data_format``: the ``[data] format`` of SFT records (TRL tells it from the columns when it runs); ``cwd``:
     where TRL would run, for a local dataset path. Problems TRL would stop on are a ``ConfigError``."""
     notes: list[Note] = []
@@ -143,7 +150,7 @@ def import_job(
     job["training"] = _training(args, notes)
     rl = _rl(args, notes)
     job.update(rl)
-    strategy, launch = _strategy(args, accelerate, ds_file, notes, ds_source)
+    strategy, launch = _strategy(args, accelerate, ds_file, notes, sources or {})
     job["strategy"] = {"config": strategy}
     if launch:
         job["launch"] = launch
@@ -206,7 +213,7 @@ def _model(args: TrlArguments, notes: list[Note]) -> dict[str, Any]:
         notes.extend(_not_run(args, key, model.get(key), row))
     if model.get("model_name_or_path") is None:
         raise ConfigError(Problem("model_name_or_path", "missing: the model TRL trains"), checks=True)
-    return {k: v for k, v in table.items() if not (k == "dtype" and v == "auto" and "dtype" not in args.given)}
+    return table
 
 
 # --- [data]: ScriptArguments and the trainer's data keys ----------------------------------------------------------
@@ -425,30 +432,29 @@ def _strategy(
     accelerate: Mapping[str, Any] | None,
     ds_file: Mapping[str, Any] | None,
     notes: list[Note],
-    ds_source: str | None,
+    sources: Mapping[str, str],
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     trainer = args.trainer
     chosen = "fp16" if trainer.get("fp16") else "bf16" if trainer.get("bf16") else None
     settings = dict(accelerate or {})
     problems = check_settings(settings)
     if problems:
-        raise ConfigError(problems, checks=True)
+        raise ConfigError(problems, source=sources.get("accelerate"), checks=True)
     deepspeed = settings.get("distributed_type") == "DEEPSPEED" or ds_file is not None
     precision = chosen or str(settings.get("mixed_precision") or "no").lower()
-    if deepspeed:
-        plugin = settings.get("deepspeed_config") or {}
+    # Without DeepSpeed TRL trains plain data parallel: the plugin's config at stage 0 trains the same.
+    plugin = (settings.get("deepspeed_config") or {}) if deepspeed else {"zero_stage": 0}
+    try:
         config = plugin_config(plugin, precision, ds_file)
-    else:
-        zero = {"stage": 0}
-        config = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
-                  "gradient_accumulation_steps": "auto", "zero_optimization": zero}  # fmt: skip
-        config.update(plugin_config({}, precision, {"zero_optimization": zero}))
+    except ConfigError as e:
+        where = sources.get("deepspeed") if ds_file is not None else sources.get("accelerate")
+        raise e.with_source(where) if where else e from None
     stage = config.get("zero_optimization", {}).get("stage", 0)
     if "deepspeed" in args.given:
         notes.append(_carried(args, "deepspeed", args.given["deepspeed"], "strategy.config"))
     if accelerate is None:
         return config, {}
-    notes.extend(strategy_notes(settings, stage if isinstance(stage, int) else 0, ds_source))
+    notes.extend(strategy_notes(settings, stage if isinstance(stage, int) else 0))
     launch, launch_notes = accelerate_launch(settings, chosen)
     notes.extend(launch_notes)
     return config, launch

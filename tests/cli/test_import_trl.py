@@ -113,6 +113,41 @@ def test_unreadable_input_and_a_missing_format_are_exit_2(tmp_path: Path, monkey
     assert "give --format text, messages" in capsys.readouterr().err
 
 
+def test_without_deepspeed_the_job_trains_at_stage_0(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No Accelerate config (or one without DeepSpeed): ZeRO-0 with the batch keys "auto", so the trainer's
+    accumulation of 4 is the run's; 4 processes of a MULTI_GPU config are the job's."""
+    monkeypatch.chdir(tmp_path)
+    trl = _write(tmp_path / "sft.yaml", {**_base(tmp_path), "gradient_accumulation_steps": 4, "bf16": False})
+    multi = _write(
+        tmp_path / "multi.yaml", {"distributed_type": "MULTI_GPU", "num_processes": 4, "mixed_precision": "no"}
+    )
+    for accelerate in ([], ["--accelerate", str(multi)]):
+        assert main(["import", "trl", str(trl), *accelerate, "--format", "messages", "-o", "job.toml", "--force"]) == 0
+        job = load_job(tmp_path / "job.toml")
+        resolved = job.resolve().to_dict()
+        assert resolved["gradient_accumulation_steps"] == 4 and resolved["zero_optimization"]["stage"] == 0
+        assert job.launch.world_size == (4 if accelerate else 1)
+
+
+def test_a_ds_config_given_names_its_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """A ds_config in the trainer's deepspeed key is read; a precision Accelerate refuses against a --deepspeed file
+    is named by that file (exit 1)."""
+    monkeypatch.chdir(tmp_path)
+    inline = {
+        "zero_optimization": {"stage": 1},
+        "gradient_accumulation_steps": "auto",
+        "train_micro_batch_size_per_gpu": "auto",
+    }
+    trl = _write(tmp_path / "sft.yaml", {**_base(tmp_path), "deepspeed": inline})
+    assert main(["import", "trl", str(trl), "--format", "messages", "-o", "job.toml"]) == 0
+    assert load_job(tmp_path / "job.toml").resolve().to_dict()["zero_optimization"]["stage"] == 1
+    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 2}, "bf16": {"enabled": True}}))
+    trl = _write(tmp_path / "fp16.yaml", {**_base(tmp_path), "fp16": True})
+    assert main(["import", "trl", str(trl), "--deepspeed", "ds.json", "--format", "messages", "-o", "b.toml"]) == 1
+    assert "ds.json: bf16.enabled: mixed precision fp16 with bf16 enabled" in capsys.readouterr().err
+
+
 def _same_job(a: Any, b: Any) -> None:
     """Two jobs that run the same: model, data, training arguments, task tables, launch, resolved ds_config."""
     assert a.task == b.task
