@@ -23,7 +23,7 @@ from typing import Any, Final
 
 import attrs
 
-from ..errors import ConfigError, Problem
+from ..errors import ConfigError, MissingDependencyError, Problem
 from ..resolve.training import NOT_TAKEN, Training
 from .accelerate_import import Note, accelerate_launch, check_settings, plugin_config, strategy_notes
 from .rl import DPOSpec, GRPOSpec
@@ -78,10 +78,9 @@ class Imported:
 def trl_arguments(task: str, data: Mapping[str, Any], source: str) -> TrlArguments:
     """Read a TRL config's table (``data``) as ``trl <task> --config`` reads it; a value TRL's parser refuses is a
     ``ConfigError`` naming ``source`` and the key. Imports TRL (and so torch)."""
-    module = importlib.import_module(f"trl.scripts.{task}")
     import dataclasses
 
-    parser = module.make_parser()
+    parser = _script(task).make_parser()
     odd = [k for k in data if not isinstance(k, str)]
     if odd:
         raise ConfigError(Problem(str(odd[0]), "not a key TRL's parser takes (a name)"), source=source, checks=True)
@@ -118,6 +117,14 @@ def trl_arguments(task: str, data: Mapping[str, Any], source: str) -> TrlArgumen
             Problem("env", "expected a table (TRL: `env` field should be a dict)"), source=source, checks=True
         )
     return TrlArguments(task, given, groups, defaults, hf, env)
+
+
+def _script(task: str) -> Any:
+    """TRL's script module for ``task`` (its ``make_parser``); a missing TRL says which install gives it."""
+    try:
+        return importlib.import_module(f"trl.scripts.{task}")
+    except ImportError as e:
+        raise MissingDependencyError(str(e.name or "trl").split(".")[0], "reading a TRL config") from None
 
 
 def _plain(value: Any) -> Any:
@@ -491,7 +498,7 @@ def task_fields() -> dict[str, frozenset[str]]:
 
     fields = {}
     for task in TASKS:
-        parser = importlib.import_module(f"trl.scripts.{task}").make_parser()
+        parser = _script(task).make_parser()
         fields[task] = frozenset(f.name for cls in parser.dataclass_types for f in dataclasses.fields(cls))
     return fields
 

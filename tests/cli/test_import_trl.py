@@ -6,6 +6,7 @@ exported for TRL and imported again is the same job (SFT, DPO, GRPO)."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +147,16 @@ def test_a_ds_config_given_names_its_file(tmp_path: Path, monkeypatch: pytest.Mo
     trl = _write(tmp_path / "fp16.yaml", {**_base(tmp_path), "fp16": True})
     assert main(["import", "trl", str(trl), "--deepspeed", "ds.json", "--format", "messages", "-o", "b.toml"]) == 1
     assert "ds.json: bf16.enabled: mixed precision fp16 with bf16 enabled" in capsys.readouterr().err
+
+
+def test_without_trl_the_install_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """TRL's parser is the reader: without TRL, one line says to install it (exit 2)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "trl.scripts.sft", None)
+    trl = _write(tmp_path / "sft.yaml", _base(tmp_path))
+    assert main(["import", "trl", str(trl), "--task", "sft", "-o", "job.toml"]) == 2
+    assert "reading a TRL config needs the 'trl' package: pip install trl" in capsys.readouterr().err
 
 
 def _same_job(a: Any, b: Any) -> None:
