@@ -149,6 +149,19 @@ def test_deepspeed_file_with_an_accelerate_config(ds: dict[str, Any], stage: int
     assert imported.job["strategy"]["config"] == _plain(plugin.deepspeed_config)
 
 
+@pytest.mark.parametrize("ds", _DS_FILES)
+def test_an_accelerate_config_naming_a_ds_config_file(ds: dict[str, Any], tmp_path: Path) -> None:
+    """An Accelerate config with deepspeed_config_file (what export --for trl writes): the plugin reads the file from
+    ACCELERATE_DEEPSPEED_CONFIG_FILE; the import reads the same file into the same ds_config."""
+    (tmp_path / "ds.json").write_text(json.dumps(ds))
+    config = {"distributed_type": "DEEPSPEED", "num_processes": 2, "num_machines": 1,
+              "deepspeed_config": {"deepspeed_config_file": str(tmp_path / "ds.json"), "zero3_init_flag": False}}  # fmt: skip
+    path = tmp_path / "accelerate.yaml"
+    path.write_text(yaml.safe_dump(config))
+    imported = import_job(trl_arguments("sft", SFT, "trl.yaml"), config, ds, data_format="messages", cwd=tmp_path)
+    assert imported.job["strategy"]["config"] == _accelerate_ds_config(path, True, False)
+
+
 def test_a_ds_config_file_is_filled_as_accelerate_fills_it(tmp_path: Path) -> None:
     """A ds_config file with "auto" stage and offload: filled from the Accelerate settings as the plugin fills it."""
     from accelerate.utils import DeepSpeedPlugin
