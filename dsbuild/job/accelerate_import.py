@@ -18,7 +18,15 @@ import attrs
 
 from ..errors import ConfigError, Problem
 
-__all__ = ["DEEPSPEED_SETTINGS", "Note", "accelerate_launch", "check_settings", "plugin_config", "strategy_notes"]
+__all__ = [
+    "AT_DEFAULT",
+    "DEEPSPEED_SETTINGS",
+    "Note",
+    "accelerate_launch",
+    "check_settings",
+    "plugin_config",
+    "strategy_notes",
+]
 
 Kind = Literal["carried", "no effect", "not carried"]
 
@@ -69,7 +77,7 @@ _PASSED: Final = frozenset(
 _NODE: Final = "dsbuild train takes it when it starts each node"
 _NODE_INSTEAD: Final = "dsbuild train --nnodes N --node-rank R --master-addr HOST --master-port PORT (docs/jobs.md)"
 
-_AT_DEFAULT: Final[dict[str, tuple[Any, str, str]]] = {
+AT_DEFAULT: Final[dict[str, tuple[Any, str, str]]] = {
     # key: (the value that changes nothing, why not carried otherwise, instead)
     "compute_environment": ("LOCAL_MACHINE", "dsbuild train runs on the machines it is started on", "leave it out"),
     "debug": (False, "Accelerate's debug checks of collectives are not run", "leave it out"),
@@ -86,6 +94,7 @@ _AT_DEFAULT: Final[dict[str, tuple[Any, str, str]]] = {
     "tpu_use_sudo": (False, "a TPU setting", "leave it out"),
     "tpu_name": (None, "a TPU setting", "leave it out"),
     "tpu_zone": (None, "a TPU setting", "leave it out"),
+    "tpu_vm": (None, "a TPU setting", "leave it out"),
     "commands": (None, "a TPU setting", "leave it out"),
     "command_file": (None, "a TPU setting", "leave it out"),
     "enable_cpu_affinity": (False, "dsbuild train does not pin processes to CPUs", "leave it out"),
@@ -94,12 +103,11 @@ _AT_DEFAULT: Final[dict[str, tuple[Any, str, str]]] = {
     "megatron_lm_config": ({}, "dsbuild runs DeepSpeed, not Megatron-LM", "leave it out"),
     "fp8_config": ({}, "FP8 training is not built into dsbuild train", "leave it out"),
     "mpirun_config": ({}, "dsbuild train starts processes with torchrun", "leave it out"),
-    "ipex_config": ({}, "an Intel extension setting", "leave it out"),
     "parallelism_config": ({}, "Accelerate's parallelism is not read", "set sequence_parallel_size in the ds_config"),
 }
 """Accelerate keys that change nothing of a run at one value, and why another is not carried."""
 
-_DS_AT_DEFAULT: Final[dict[str, tuple[Any, str, str]]] = {
+_DSAT_DEFAULT: Final[dict[str, tuple[Any, str, str]]] = {
     "deepspeed_multinode_launcher": ("standard", _NODE, _NODE_INSTEAD),
     "deepspeed_hostfile": (None, _NODE, _NODE_INSTEAD),
     "deepspeed_inclusion_filter": (None, _NODE, _NODE_INSTEAD),
@@ -225,8 +233,8 @@ def accelerate_launch(settings: Mapping[str, Any], trainer_precision: str | None
             notes.append(_count_note(key, value, processes, machines))
         elif key == "gpu_ids":
             notes.append(_gpu_ids_note(value, machines))
-        elif key in _AT_DEFAULT:
-            notes.append(_at_default("accelerate", key, value, _AT_DEFAULT[key]))
+        elif key in AT_DEFAULT:
+            notes.append(_at_default("accelerate", key, value, AT_DEFAULT[key]))
         else:
             notes.append(Note("accelerate", key, value, "not carried", why="not a key of Accelerate's config"))
     if isinstance(processes, int) and isinstance(machines, int) and machines > 0 and processes % machines == 0:
@@ -308,8 +316,8 @@ def _deepspeed_note(key: str, value: Any, stage: int, used: bool) -> Note:
                     instead=f"set strategy.config.{DEEPSPEED_SETTINGS[key]} in the job")  # fmt: skip
     if key == "deepspeed_config_file":
         return Note("accelerate", dotted, value, "carried", to="strategy.config")
-    if key in _DS_AT_DEFAULT:
-        return _at_default("accelerate", dotted, value, _DS_AT_DEFAULT[key])
+    if key in _DSAT_DEFAULT:
+        return _at_default("accelerate", dotted, value, _DSAT_DEFAULT[key])
     return Note("accelerate", dotted, value, "not carried", why="not a key of Accelerate's deepspeed_config")
 
 

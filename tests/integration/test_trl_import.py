@@ -5,6 +5,7 @@ keys and LoRA are the values TRL's own ``SFTConfig`` / ``ModelConfig`` hold for 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -160,6 +161,17 @@ def test_an_accelerate_config_naming_a_ds_config_file(ds: dict[str, Any], tmp_pa
     path.write_text(yaml.safe_dump(config))
     imported = import_job(trl_arguments("sft", SFT, "trl.yaml"), config, ds, data_format="messages", cwd=tmp_path)
     assert imported.job["strategy"]["config"] == _accelerate_ds_config(path, True, False)
+
+
+def test_every_key_of_accelerates_config_is_known() -> None:
+    """Each field of Accelerate's ClusterConfig is carried or has a row saying when it changes nothing (a newer
+    Accelerate's key fails here, not as 'not a key of Accelerate's config')."""
+    from accelerate.commands.config.config_args import ClusterConfig
+
+    from dsbuild.job.accelerate_import import AT_DEFAULT
+
+    carried = {"distributed_type", "deepspeed_config", "mixed_precision", "num_processes", "num_machines", "gpu_ids"}
+    assert {f.name for f in dataclasses.fields(ClusterConfig)} - carried == set(AT_DEFAULT)
 
 
 def test_a_ds_config_file_is_filled_as_accelerate_fills_it(tmp_path: Path) -> None:
