@@ -125,21 +125,12 @@ def _rl_tables(c: Collector, task: str, data: Mapping[str, Any]) -> dict[str, An
 
 
 def grpo_batch_problems(grpo: GRPOSpec, training: Training, world_size: int) -> list[Problem]:
-    """TRL's checks of the generation batch (``check_grpo_batch``) at ``world_size`` processes, and a generation batch
-    other than one optimizer step's refused: what the reader checks at the job's own world size and ``Job.validate``
-    at the run's (``--nproc-per-node``, ``--nnodes``, Slurm's and Ray's counts), before anything starts."""
-    accumulation, micro = training.gradient_accumulation_steps, training.per_device_train_batch_size
-    found = list(check_grpo_batch(micro, accumulation, world_size, grpo.num_generations,
-                                  steps_per_generation=grpo.steps_per_generation,
-                                  generation_batch_size=grpo.generation_batch_size))  # fmt: skip
-    step = micro * world_size * accumulation
-    if grpo.steps_per_generation not in (None, accumulation):
-        found.append(Problem("grpo.steps_per_generation", f"got {grpo.steps_per_generation}: dsbuild train generates "
-                             f"once per optimizer step ({accumulation} micro-batches)", "leave it out (TRL's default)"))  # fmt: skip
-    if grpo.generation_batch_size not in (None, step):
-        found.append(Problem("grpo.generation_batch_size", f"got {grpo.generation_batch_size}: dsbuild train "
-                             f"generates one optimizer step's completions ({step})", "leave it out (TRL's default)"))  # fmt: skip
-    return found
+    """TRL's checks of the generation batch (``check_grpo_batch``) at ``world_size`` processes: what the reader checks
+    at the job's own world size and ``Job.validate`` at the run's (``--nproc-per-node``, ``--nnodes``, Slurm's and
+    Ray's counts), before anything starts."""
+    return list(check_grpo_batch(training.per_device_train_batch_size, training.gradient_accumulation_steps,
+                                 world_size, grpo.num_generations, steps_per_generation=grpo.steps_per_generation,
+                                 generation_batch_size=grpo.generation_batch_size))  # fmt: skip
 
 
 def _grpo_batch(c: Collector, grpo: GRPOSpec, training: Training, world_size: int, has_reference: bool) -> None:

@@ -353,6 +353,11 @@ class GRPOSpec:
     """The mix: ``ref = α · policy + (1 - α) · ref``; default 0.6."""
     ref_model_sync_steps: int = _field("grpo", 512, "int", gt=0)
     """Steps between two syncs; default 512."""
+    log_completions: bool = _field("grpo", False, "bool")
+    """Write each generation batch's prompts, completions, rewards and advantages to the run folder's
+    ``completions.jsonl`` and log a few of them; default off."""
+    num_completions_to_print: int | None = _field("grpo", None, "int", nullable=True, ge=0)
+    """How many completions ``log_completions`` logs at each generation; default all of them."""
 
     def __attrs_post_init__(self) -> None:
         _refuse(self.problems())
@@ -371,13 +376,23 @@ class GRPOSpec:
             found.append(Problem("grpo.max_completion_length", message, "set it", kind="rule"))
         return found
 
+    def generation_steps(self, per_device: int, world_size: int, accumulation: int) -> int:
+        """Micro-batch steps one generation batch feeds (TRL's ``steps_per_generation`` as ``GRPOConfig`` fills it):
+        ``steps_per_generation``, else ``generation_batch_size`` over the global batch (``per_device ×
+        world_size``), else the accumulation steps."""
+        if self.steps_per_generation is not None:
+            return self.steps_per_generation
+        if self.generation_batch_size is not None:
+            return max(self.generation_batch_size // (per_device * world_size), 1)
+        return accumulation
+
     def completions(self, prompts: int, per_device: int, world_size: int, accumulation: int) -> int:
         """The completions an epoch of ``prompts`` trains on, as TRL's ``RepeatSampler`` yields them: whole
-        generation batches (``per_device × world_size × accumulation`` completions, ``num_generations`` per prompt)
-        of distinct prompts, the last incomplete one dropped."""
-        generation_batch = per_device * world_size * accumulation
+        generation batches (``per_device × world_size × generation_steps`` completions, ``num_generations`` per
+        prompt) of distinct prompts, the last incomplete one dropped, each trained on ``num_iterations`` times."""
+        generation_batch = per_device * world_size * self.generation_steps(per_device, world_size, accumulation)
         per_batch = max(generation_batch // self.num_generations, 1)
-        return (prompts // per_batch) * generation_batch
+        return (prompts // per_batch) * generation_batch * self.num_iterations
 
     @property
     def epsilon_low(self) -> float:

@@ -33,8 +33,8 @@ _VLLM: Final = NotRun(
     'generate with vLLM in a rollout function: [rollout] backend = "function", function = "my_rollouts:complete", '
     'weight_sink = "my_rollouts:load" (docs/rl.md, "A vLLM rollout function")',
 )
-_LOGS: Final = "dsbuild train does not log completions (history.jsonl holds the step's numbers)"
-_LOGS_INSTEAD: Final = "a reward function gets the prompts and completions: write them where you want"
+_LOGS: Final = "dsbuild train logs completions to completions.jsonl only (grpo.log_completions), without images"
+_LOGS_INSTEAD: Final = "leave it out: completions.jsonl holds every logged completion"
 _ENTROPY: Final = NotRun(None, "the entropy bonus is not built into dsbuild train", "leave it out")
 _BATCHING: Final = NotRun(
     False,
@@ -60,9 +60,6 @@ DPO_NOT_RUN: Final = {
 
 GRPO_NOT_RUN: Final = {
     # keys of GRPOSpec that only their default runs
-    "num_iterations": NotRun(
-        1, "several optimisation passes over a generation batch are not built into dsbuild train", "leave it at 1"
-    ),
     "sync_ref_model": NotRun(False, "the reference sync is not built into dsbuild train", "leave it out"),
     "top_entropy_quantile": NotRun(1.0, "the entropy mask is not built into dsbuild train", "leave it at 1.0"),
     "multi_objective_aggregation": NotRun(
@@ -119,7 +116,7 @@ GRPO_NOT_RUN: Final = {
     # the loss and the rewards
     "reward_weights": NotRun(None, "a job's reward weights are [rewards]'s", "set [rewards] weights = {value}"),
     "off_policy_mask_threshold": NotRun(
-        None, "the off-policy mask is not built into dsbuild train (one pass per generation batch)", "leave it out"
+        None, "the off-policy mask is not built into dsbuild train", "leave it out"
     ),
     "entropy_coef": _entropy(0.0),
     "use_adaptive_entropy": _entropy(False),
@@ -128,9 +125,7 @@ GRPO_NOT_RUN: Final = {
     "entropy_coef_delta": _entropy(0.005),
     "entropy_target": _entropy(0.2),
     # logging
-    "log_completions": NotRun(False, _LOGS, _LOGS_INSTEAD),
     "log_multimodal": NotRun(True, _LOGS, _LOGS_INSTEAD),
-    "num_completions_to_print": NotRun(None, _LOGS, _LOGS_INSTEAD),
     "log_unique_prompts": NotRun(False, _LOGS, _LOGS_INSTEAD),
     "log_completions_hub_repo": NotRun(None, _LOGS, _LOGS_INSTEAD),
 }

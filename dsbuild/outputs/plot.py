@@ -1,4 +1,5 @@
-"""The loss plot of a run (``loss.png``): drawn from its history file, in a short-lived child process.
+"""The loss plot of a run (``loss.png``; a GRPO run's mean reward beside it): drawn from its history file, in a
+short-lived child process.
 
 The training process never imports matplotlib: the figure is drawn by ``python -c`` reading the history
 file the run wrote, so the plotting library's memory is never added to the run's peak. ``Plotter`` starts that
@@ -23,7 +24,8 @@ __all__ = ["Plotter", "plot_file", "plot_in_child", "plot_loss"]
 
 
 def plot_loss(history: Sequence[dict[str, Any]], path: Path, *, title: str = "") -> Path:
-    """Plot the training loss per optimizer step (and the evaluation loss) to ``path`` (PNG, no display needed)."""
+    """Plot the training loss per optimizer step (and the evaluation loss; a GRPO run's mean reward, ``reward``, on a
+    second axis) to ``path`` (PNG, no display needed)."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -32,6 +34,7 @@ def plot_loss(history: Sequence[dict[str, Any]], path: Path, *, title: str = "")
 
     train = [(r["step"], r["loss"]) for r in history if r.get("loss") is not None]
     evaluation = [(r["step"], r["eval_loss"]) for r in history if r.get("eval_loss") is not None]
+    rewards = [(r["step"], r["reward"]) for r in history if r.get("reward") is not None]
     # A Figure with its own Agg canvas: no pyplot, so no global backend is chosen for the caller.
     figure = Figure(figsize=(7, 4), dpi=100)
     FigureCanvasAgg(figure)
@@ -45,7 +48,14 @@ def plot_loss(history: Sequence[dict[str, Any]], path: Path, *, title: str = "")
     if title:
         ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend()
+    handles, labels = ax.get_legend_handles_labels()
+    if rewards:  # GRPO: the loss says little; the mean reward on its own axis, at the steps that generated
+        other = ax.twinx()
+        other.plot(*zip(*rewards, strict=True), color="tab:green", marker=".", linewidth=1, label="mean reward")
+        other.set_ylabel("mean reward")
+        more = other.get_legend_handles_labels()
+        handles, labels = handles + more[0], labels + more[1]
+    ax.legend(handles, labels)
     figure.tight_layout()
     tmp = path.with_name(f".{path.stem}.tmp.png")
     figure.savefig(tmp)

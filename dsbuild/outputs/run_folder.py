@@ -38,6 +38,7 @@ LOGS: Final = "logs"
 DS_CONFIG: Final = "ds_config.json"
 MODEL: Final = "model"
 LOSS_PLOT: Final = "loss.png"
+COMPLETIONS: Final = "completions.jsonl"
 OLD_HISTORY: Final = "history.json"
 RAY: Final = "ray"
 RAY_RESTORE: Final = "ray-restore"
@@ -94,6 +95,11 @@ class RunFolder:
         return self.root / LOSS_PLOT
 
     @property
+    def completions(self) -> Path:
+        """``completions.jsonl``: a GRPO run's logged completions, one per line (``grpo.log_completions``)."""
+        return self.root / COMPLETIONS
+
+    @property
     def ray(self) -> Path:
         """Ray Train's checkpoint storage by default (``launch.storage_path``; docs/ray.md)."""
         return self.root / RAY
@@ -119,9 +125,10 @@ EVIDENCE: Final = (HISTORY, OLD_HISTORY, CHECKPOINTS, MODEL, LOSS_PLOT)
 launcher's logs are not evidence: other nodes start writing theirs before node 0 has looked; nor is the resolved
 ``ds_config.json``, written when the engine starts: a run that failed before its first step leaves nothing that
 refuses the same command, corrected (the new run writes its own)."""
-RUN_FILES: Final = (*EVIDENCE, DS_CONFIG, LOGS, RAY, RAY_RESTORE)
+RUN_FILES: Final = (*EVIDENCE, DS_CONFIG, LOGS, RAY, RAY_RESTORE, COMPLETIONS)
 """What a run writes in its output folder, all moved aside by ``--overwrite`` (``ray``: Ray's checkpoint storage by
-default, ``ray-restore``: Ray's checkpoints downloaded for a restart; docs/ray.md)."""
+default, ``ray-restore``: Ray's checkpoints downloaded for a restart; docs/ray.md; ``completions.jsonl``: a GRPO run's
+logged completions)."""
 
 
 def earlier_run(out: Path) -> str | None:

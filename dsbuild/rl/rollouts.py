@@ -1,24 +1,29 @@
-"""GRPO in ``Session.fit``: TRL's prompt order, rollouts, rewards and group advantages for each optimizer step, and
+"""GRPO in ``Session.fit``: TRL's prompt order, rollouts, rewards and group advantages of each generation batch, and
 the loss of each micro-batch, as TRL 1.16's ``GRPOTrainer`` computes them (``dsbuild train`` of ``task = "grpo"``).
 
-One optimizer step is one generation batch (TRL's default ``steps_per_generation = gradient_accumulation_steps``,
-``num_iterations = 1``): ``per_device_train_batch_size × processes × gradient_accumulation_steps`` completions,
-``num_generations`` per prompt, in the order of TRL's ``RepeatSampler`` (``prompt_order``), each process taking its
-slice as Accelerate hands it out (``GenerationSampler``). ``GRPOSteps`` is ``fit``'s ``rollout``: it completes this
-process's prompts (the policy's ``generate``, or the job's rollout function), scores them with the reward functions,
-gathers the rewards of every process, turns them into advantages within each prompt's group, and gives ``fit`` the
-micro-batches to step on; ``GRPOSteps.loss_fn`` is TRL's loss on one of them (``grpo_loss``), with TRL's metrics.
+A generation batch is ``per_device_train_batch_size × processes × steps_per_generation`` completions (TRL's default
+``steps_per_generation``: the accumulation steps, one optimizer step's), ``num_generations`` per prompt, in the order
+of TRL's ``RepeatSampler`` (``prompt_order``), each process taking its slice as Accelerate hands it out
+(``GenerationSampler``: the slice at each micro-step, as TRL's data loader). ``GRPOSteps`` is ``fit``'s ``rollout``:
+at a generation batch's first micro-step it completes this process's prompts (the policy's ``generate``, or the job's
+rollout function), scores them with the reward functions, gathers the rewards of every process, turns them into
+advantages within each prompt's group and keeps the batch (``buffer.Generation``: TRL's ``_buffered_inputs``), with
+the old policy's log-probs when a micro-batch will be trained on after a step; each micro-step takes the next of its
+``steps_per_generation`` micro-batches, each ``num_iterations`` times. ``GRPOSteps.loss_fn`` is TRL's loss on one of
+them (``grpo_loss``), with TRL's metrics.
 
-Differences from TRL, each said where it is made: the completions of a process's generation batch are split into
-micro-batches in order (TRL shuffles them first: a loss summed over the step, ``dapo``'s default among them, is the
-same either way, ``bnpo``'s per-micro-batch normaliser is not); ``trainer_state`` is a ``TrainerState`` with the
-run's ``global_step`` and ``max_steps`` only, and what ``log_extra`` is given is dropped (TRL keeps it for
-``log_completions``, which a job does not run); no ``entropy`` is logged. The reward calls are ``dsbuild.rl.rewards``.
+Differences from TRL, each said where it is made: a generation batch is cut into micro-batches in order (TRL shuffles
+it first with the global RNG: a loss summed over the step, ``dapo``'s default among them, is the same either way when
+a generation is one step); ``trainer_state`` is a ``TrainerState`` with the run's ``global_step`` and ``max_steps``
+only, and what ``log_extra`` is given is dropped (TRL adds it to ``log_completions``' table); no ``entropy`` is logged; a
+checkpoint inside a generation batch's steps keeps the batch, so a resume trains on it (TRL generates a new one). The
+reward calls are ``dsbuild.rl.rewards``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -26,13 +31,17 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
-from ..errors import FunctionError
+from ..errors import CheckpointError, FunctionError
 from ..job.rl import GRPOSpec
 from ..session import distributed
+from .buffer import Generation
+from .completions import CompletionLog
 from .grpo import advantages_and_std, grpo_loss, nanstd
 from .rewards import EventLoop, Failure, RewardFunction, score
 
 __all__ = ["GRPOSteps", "GenerationSampler", "RewardFunction", "prompt_order"]
+
+logger = logging.getLogger("dsbuild")
 
 
 def prompt_order(
@@ -69,16 +78,19 @@ def prompt_order(
 
 
 class GenerationSampler(Sampler[int]):
-    """This process's record indices of each epoch, one generation batch after another: of each generation batch
-    (``per_device × world_size × accumulation`` indices of ``prompt_order``) the ``rank``-th slice of ``per_device ×
-    accumulation``, as Accelerate's sharding of TRL's data loader hands it out; ``set_epoch`` as a
-    ``DistributedSampler``'s."""
+    """This process's record indices of each epoch, as TRL's data loader hands them out at each micro-step: of each
+    generation batch (``per_device × world_size × steps_per_generation`` indices of ``prompt_order``) the ``rank``-th
+    slice of ``per_device × steps_per_generation`` (Accelerate's sharding), once for each of the ``steps_per_generation
+    × num_iterations`` micro-steps it feeds (TRL's ``RepeatSampler``'s ``repeat_count``); a data loader of
+    ``batch_size`` gives one micro-step's records a batch. ``set_epoch`` as a ``DistributedSampler``'s."""
 
     def __init__(
         self, prompts: int, spec: GRPOSpec, *, per_device: int, accumulation: int, world_size: int, rank: int, seed: int
     ) -> None:
         self.prompts, self.spec, self.seed = prompts, spec, seed
-        self.local = per_device * accumulation
+        self.steps = spec.generation_steps(per_device, world_size, accumulation)
+        self.batch_size = per_device * self.steps
+        """This process's records of a generation batch: what a data loader over this sampler takes at a time."""
         self.world_size, self.rank = world_size, rank
         self.epoch = 0
 
@@ -86,21 +98,21 @@ class GenerationSampler(Sampler[int]):
         self.epoch = epoch
 
     def _order(self) -> list[int]:
-        generation_batch = self.local * self.world_size
+        generation_batch = self.batch_size * self.world_size
         return prompt_order(self.prompts, num_generations=self.spec.num_generations,
                             batch_size=generation_batch // self.spec.num_generations, repeat_count=1,
                             seed=self.seed, epoch=self.epoch, shuffle=self.spec.shuffle_dataset)  # fmt: skip
 
     def __iter__(self) -> Iterator[int]:
         order = self._order()
-        generation_batch = self.local * self.world_size
+        generation_batch, local = self.batch_size * self.world_size, self.batch_size
         for start in range(0, len(order), generation_batch):
-            yield from order[start + self.rank * self.local : start + (self.rank + 1) * self.local]
+            for _ in range(self.steps * self.spec.num_iterations):
+                yield from order[start + self.rank * local : start + (self.rank + 1) * local]
 
     def __len__(self) -> int:
-        generation_batch = self.local * self.world_size
-        chunk = generation_batch // self.spec.num_generations
-        return (self.prompts // chunk) * self.local
+        chunk = self.batch_size * self.world_size // self.spec.num_generations
+        return (self.prompts // chunk) * self.batch_size * self.steps * self.spec.num_iterations
 
 
 def _pad(rows: Sequence[Sequence[int]], value: int, *, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -139,13 +151,87 @@ class GRPOSteps:
         self.eos_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         if spec.beta != 0.0 and reference is None:
             raise ValueError("GRPO with beta > 0 needs the reference")
+        accumulation = session.gradient_accumulation_steps
+        self.steps_per_generation = spec.generation_steps(session.micro_batch_size, session.world_size, accumulation)
+        """Micro-steps one generation batch is cut into (TRL's ``steps_per_generation``)."""
+        self.computes_old_logps = accumulation % (self.steps_per_generation * spec.num_iterations) != 0
+        """Whether a micro-batch may be trained on after the policy stepped, so the policy's log-probs are kept when
+        it is generated (TRL's condition; else the old log-probs are the current ones, detached)."""
+        self.buffer: Generation | None = None
+        """The generation batch the micro-steps are cut from."""
+        self.tokens_seen = 0
+        """Prompt and completion tokens generated so far over every process (TRL's ``num_input_tokens_seen``)."""
+        self.published: dict[str, Any] | None = None
+        """The state last put in the session's position (``_publish``)."""
+        self.completion_log: CompletionLog | None = None
+        """Where rank 0 writes and logs each generation batch's completions (``log_completions``)."""
+        if spec.log_completions:
+            from ..outputs.run_folder import RunFolder
 
-    # -- the generation batch of one optimizer step --------------------------------------------------------------
+            out = getattr(session, "output_dir", None)
+            names = [ref.rsplit(":", 1)[-1] for ref, _ in self.rewards]
+            where = RunFolder(out).completions if out is not None else None
+            self.completion_log = CompletionLog(where, names, spec.num_completions_to_print)
+
+    # -- the micro-batches of one optimizer step ----------------------------------------------------------------
 
     def __call__(self, group: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
-        """The micro-batches of one optimizer step from its prompts (``group``: this process's micro-batches of
-        records). Collective."""
-        records = [record for micro in group for record in micro]
+        """The micro-batches of one optimizer step. ``group``: for each of the step's micro-steps, this process's
+        records of the generation batch that micro-step belongs to (TRL's data loader hands each micro-step the whole
+        local generation batch). A generation batch is made at its first micro-step (or when a run resumed without
+        it) and cut into ``steps_per_generation`` micro-batches, each trained on ``num_iterations`` times
+        (``_prepare_inputs``). Collective."""
+        self._restore()
+        position = self.session.position
+        every = self.steps_per_generation * self.spec.num_iterations
+        out, made = [], []
+        for i, records in enumerate(group):
+            at = (position.batch_in_epoch + i) % every
+            if at == 0 or self.buffer is None:
+                self.buffer, metrics = self._generate_batch(records)
+                made.append(metrics)
+            out.append({**self.buffer.micro_batch(at % self.steps_per_generation), "metrics": {}})
+        # TRL logs a generation's numbers with the step that made it (averaged over the step's generations, the
+        # token count the latest); fit averages each micro-batch's numbers over the step's micro-batches, every
+        # micro-batch naming the same ones: the first carries the step's value times their count, the others 0.
+        if made:
+            names = dict.fromkeys(name for m in made for name in m)
+            numbers = {name: sum(m[name] for m in made if name in m) / sum(name in m for m in made) for name in names}
+            numbers["num_tokens"] = made[-1]["num_tokens"]
+            for i, batch in enumerate(out):
+                batch["metrics"] = {name: value * len(out) if i == 0 else 0.0 for name, value in numbers.items()}
+        self._publish(next_at=(position.batch_in_epoch + len(group)) % every)
+        return out
+
+    def _restore(self) -> None:
+        """The generation batch and token count a loaded checkpoint's position holds (``_publish``'s), once."""
+        position = self.session.position
+        if position.rollout is self.published:
+            return
+        state = position.rollout if isinstance(position.rollout, dict) else {}
+        self.tokens_seen = int(state.get("num_tokens", 0))
+        try:
+            self.buffer = Generation.of_state(state.get("generation"), self.session.world_size,
+                                              self.session.micro_batch_size)  # fmt: skip
+        except ValueError as e:
+            raise CheckpointError(f"the checkpoint's GRPO generation batch is damaged: {e}") from None
+        if state.get("generation") is not None and self.buffer is None and self.session.rank == 0:
+            logger.warning("the checkpoint's GRPO generation batch was cut for another world size or micro-batch: "
+                           "the next steps train on a new one (as TRL does on a resume)")  # fmt: skip
+        self.published = position.rollout
+
+    def _publish(self, next_at: int) -> None:
+        """What a checkpoint saved now keeps (the session's position): the token count, and the generation batch
+        when the next micro-step still trains on it."""
+        keep = self.buffer is not None and next_at != 0
+        generation = self.buffer.state(self.session.world_size) if keep and self.buffer is not None else None
+        self.published = {"num_tokens": self.tokens_seen, "generation": generation}
+        self.session.position.rollout = self.published
+
+    def _generate_batch(self, group: list[dict[str, Any]]) -> tuple[Generation, dict[str, float]]:
+        """This process's generation batch from its records: completed, scored (the rewards of every process
+        gathered), group advantages, TRL's layout and log-probs; and what TRL logs of it. Collective."""
+        records = list(group)
         prompts = [record["prompt"] for record in records]
         self._sync_weights()
         prompt_ids, completion_ids = self._complete(records, prompts)
@@ -155,22 +241,32 @@ class GRPOSteps:
         local, failure = self._score(prompts, completions, completion_ids, columns, raised)
         truncated = [not ids or ids[-1] not in [*self.eos_ids, self.pad_id] for ids in completion_ids]
         logged, self.logged = dict(self.logged), defaultdict(list)
-        gathered = distributed.all_objects((local, failure, [len(c) for c in completion_ids], truncated, logged))
-        failures = [(rank, f) for rank, (_, f, _, _, _) in enumerate(gathered) if f is not None]
+        lengths = [len(c) for c in completion_ids]
+        tokens = sum(len(p) for p in prompt_ids) + sum(lengths)
+        texts = (prompts, completions) if self.completion_log is not None else None
+        gathered = distributed.all_objects((local, failure, lengths, truncated, logged, tokens, texts))
+        failures = [(rank, f) for rank, (_, f, *_) in enumerate(gathered) if f is not None]
         if failure is not None:  # this process's own: raised from what the function raised (the user's frames)
-            raise self._failed(self.session.rank, failure) from (raised[0] if raised else None)
+            raise failed(self.session, self.session.rank, failure) from (raised[0] if raised else None)
         if failures:
-            raise self._failed(*failures[0])
+            raise failed(self.session, *failures[0])
         rewards_per_func = torch.tensor([row for rows, *_ in gathered for row in rows], dtype=torch.float32)
-        lengths = [n for _, _, ns, _, _ in gathered for n in ns]
-        cut = [t for _, _, _, ts, _ in gathered for t in ts]
-        advantages, metrics = self._advantages(rewards_per_func, lengths, cut)
-        for name in sorted({name for *_, logs in gathered for name in logs}):  # TRL: averaged over the processes
-            values = [v for *_, logs in gathered for v in logs.get(name, [])]
+        all_lengths = [n for _, _, ns, *_ in gathered for n in ns]
+        cut = [t for _, _, _, ts, *_ in gathered for t in ts]
+        names = [ref.rsplit(":", 1)[-1] for ref, _ in self.rewards]  # TRL names a function by its __name__
+        advantages, metrics = advantages_and_metrics(rewards_per_func, self.weights, names, self.spec, all_lengths, cut)
+        for name in sorted({name for *_, logs, _, _ in gathered for name in logs}):  # TRL: averaged over processes
+            values = [v for *_, logs, _, _ in gathered for v in logs.get(name, [])]
             metrics[name] = sum(values) / len(values)
+        self.tokens_seen += sum(n for *_, n, _ in gathered)
+        if self.completion_log is not None and self.session.rank == 0:
+            every = [text for *_, text in gathered if text is not None]
+            self.completion_log.add(self.session.global_step + 1, [p for ps, _ in every for p in ps],
+                                    [c for _, cs in every for c in cs], rewards_per_func.tolist(), advantages.tolist())  # fmt: skip
+        metrics["num_tokens"] = float(self.tokens_seen)
         start = self.session.rank * len(records)
-        return self._micro_batches(group, prompt_ids, completion_ids, truncated, advantages[start:start + len(records)],
-                                   metrics)  # fmt: skip
+        batch = self._batch(prompt_ids, completion_ids, truncated, advantages[start : start + len(records)])
+        return batch, metrics
 
     def _sync_weights(self) -> None:
         """The policy's full weights to the weight sink (``sink(name, tensor)`` on every process, one bucket gathered
@@ -270,56 +366,16 @@ class GRPOSteps:
         of every process."""
         self.logged[name].append(float(value))
 
-    def _failed(self, rank: int, failure: tuple[str, str]) -> FunctionError:
-        from ..outputs import manifest
-        from ..outputs.run_folder import RunFolder
-
-        name, what = failure
-        where = f" on rank {rank}" if self.session.world_size > 1 else ""
-        folder = RunFolder(self.session.output_dir).checkpoints if self.session.output_dir is not None else None
-        good = manifest.last_complete(folder) if folder is not None else None
-        saved = (
-            f"the last good checkpoint is {folder / good}" if folder is not None and good else "no checkpoint was saved"
-        )
-        step = self.session.global_step + 1
-        return FunctionError(f"the reward function {name} {what}{where}: training stopped before step {step} ({saved})")
-
-    def _advantages(
-        self, rewards_per_func: torch.Tensor, lengths: list[int], truncated: list[bool]
-    ) -> tuple[torch.Tensor, dict[str, float]]:
-        """Group advantages of the whole generation batch's rewards and what TRL logs of them
-        (``_generate_and_score_completions``)."""
-        unscorable = torch.isnan(rewards_per_func).all(dim=1)
-        rewards = (rewards_per_func * self.weights.unsqueeze(0)).nansum(dim=1)
-        rewards[unscorable] = torch.nan
-        spec = self.spec
-        advantages, std = advantages_and_std(rewards, spec.num_generations, scale_rewards=spec.scale_rewards)
-        metrics = {}
-        for j, (ref, _) in enumerate(self.rewards):
-            name = ref.rsplit(":", 1)[-1]  # TRL names a reward function by its __name__
-            metrics[f"rewards/{name}/mean"] = torch.nanmean(rewards_per_func[:, j]).item()
-            metrics[f"rewards/{name}/std"] = nanstd(rewards_per_func[:, j]).item()
-        metrics["reward"] = torch.nanmean(rewards).item()
-        metrics["reward_std"] = nanstd(rewards).item()
-        metrics["frac_reward_zero_std"] = torch.isclose(std, torch.zeros_like(std)).float().mean().item()
-        n = torch.tensor(lengths, dtype=torch.float32)
-        metrics["completions/mean_length"] = n.mean().item()
-        metrics["completions/min_length"] = n.min().item()
-        metrics["completions/max_length"] = n.max().item()
-        metrics["completions/clipped_ratio"] = torch.tensor(truncated, dtype=torch.float32).mean().item()
-        return advantages, metrics
-
-    def _micro_batches(
+    def _batch(
         self,
-        group: list[list[dict[str, Any]]],
         prompt_ids: list[list[int]],
         completion_ids: list[list[int]],
         truncated: list[bool],
         advantages: torch.Tensor,
-        metrics: dict[str, float],
-    ) -> list[dict[str, Any]]:
-        """The generation batch as TRL lays it out (prompts left-padded and completions right-padded across the
-        whole batch), the reference's log-probs, then cut into ``fit``'s micro-batches in order."""
+    ) -> Generation:
+        """The generation batch as TRL lays it out (prompts left-padded and completions right-padded across the whole
+        batch), the reference's log-probs and, when a micro-batch may be trained on after the policy stepped, the
+        policy's own (the old log-probs: ``GRPOTrainer._generate_and_score_completions``). Collective."""
         prompts, prompt_mask = _pad(prompt_ids, self.pad_id, left=True)
         completions, completion_mask = _pad(completion_ids, self.pad_id, left=False)
         if self.spec.mask_truncated_completions:
@@ -330,18 +386,16 @@ class GRPOSteps:
             "input_ids": torch.cat([prompts, completions], dim=1),
             "attention_mask": torch.cat([prompt_mask, completion_mask], dim=1),
             "completion_mask": torch.cat([torch.zeros_like(prompt_mask), completion_mask], dim=1),
-            "advantages": advantages,
+            "advantages": advantages.float(),
         }
-        if self.reference is not None:
-            with torch.no_grad():
+        with torch.no_grad():
+            if self.computes_old_logps:
+                batch["old_logps"] = session.logprobs(batch, completion_mask=batch["completion_mask"],
+                                                      temperature=self.spec.temperature).cpu()  # fmt: skip
+            if self.reference is not None:
                 batch["ref_logps"] = self.reference.logprobs(batch, completion_mask=batch["completion_mask"],
                                                              temperature=self.spec.temperature).cpu()  # fmt: skip
-        out, start = [], 0
-        for micro in group:
-            rows = slice(start, start + len(micro))
-            start += len(micro)
-            out.append({**{k: v[rows] for k, v in batch.items()}, "num_items_in_batch": items, "metrics": metrics})
-        return out
+        return Generation(batch, items, len(prompt_ids) // self.steps_per_generation)
 
     # -- one micro-batch -------------------------------------------------------------------------------------------
 
@@ -353,7 +407,7 @@ class GRPOSteps:
         mask = batch["completion_mask"]
         logps = session.logprobs(batch, completion_mask=mask, temperature=spec.temperature)
         out = grpo_loss(
-            logps, None, batch["advantages"], mask.float(), ref_per_token_logps=batch.get("ref_logps"),
+            logps, batch.get("old_logps"), batch["advantages"], mask.float(), ref_per_token_logps=batch.get("ref_logps"),
             beta=spec.beta, epsilon_low=spec.epsilon_low, epsilon_high=spec.upper_epsilon, delta=spec.delta,
             loss_type=spec.loss_type, importance_sampling_level=spec.importance_sampling_level,
             sapo_temperature_pos=spec.sapo_temperature_pos, sapo_temperature_neg=spec.sapo_temperature_neg,
@@ -361,11 +415,59 @@ class GRPOSteps:
                    "lambda_neg": spec.vespo_lambda_neg},
             use_bias_correction_kl=spec.use_bias_correction_kl, max_completion_length=spec.max_completion_length,
             gradient_accumulation_steps=1, num_items_in_batch=batch["num_items_in_batch"],
-            num_processes=session.world_size, steps_per_generation=session.gradient_accumulation_steps,
+            num_processes=session.world_size, steps_per_generation=self.steps_per_generation,
         )  # fmt: skip
         return {"loss": out.loss, **out.metrics(), **batch["metrics"]}
 
 
+def failed(session: Any, rank: int, failure: tuple[str, str]) -> FunctionError:
+    """The error of a reward function that failed on ``rank``: what it did, and the last good checkpoint."""
+    from ..outputs import manifest
+    from ..outputs.run_folder import RunFolder
+
+    name, what = failure
+    where = f" on rank {rank}" if session.world_size > 1 else ""
+    folder = RunFolder(session.output_dir).checkpoints if session.output_dir is not None else None
+    good = manifest.last_complete(folder) if folder is not None else None
+    saved = f"the last good checkpoint is {folder / good}" if folder is not None and good else "no checkpoint was saved"
+    step = session.global_step + 1
+    return FunctionError(f"the reward function {name} {what}{where}: training stopped before step {step} ({saved})")
+
+
+def advantages_and_metrics(
+    rewards_per_func: torch.Tensor,
+    weights: torch.Tensor,
+    names: Sequence[str],
+    spec: GRPOSpec,
+    lengths: list[int],
+    truncated: list[bool],
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Group advantages of the whole generation batch's rewards (each function's column weighted) and what TRL logs
+    of them and of the completions' lengths (``_generate_and_score_completions``)."""
+    unscorable = torch.isnan(rewards_per_func).all(dim=1)
+    rewards = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)
+    rewards[unscorable] = torch.nan
+    advantages, std = advantages_and_std(rewards, spec.num_generations, scale_rewards=spec.scale_rewards)
+    metrics = {}
+    for j, name in enumerate(names):
+        metrics[f"rewards/{name}/mean"] = torch.nanmean(rewards_per_func[:, j]).item()
+        metrics[f"rewards/{name}/std"] = nanstd(rewards_per_func[:, j]).item()
+    metrics["reward"] = torch.nanmean(rewards).item()
+    metrics["reward_std"] = nanstd(rewards).item()
+    metrics["frac_reward_zero_std"] = torch.isclose(std, torch.zeros_like(std)).float().mean().item()
+    n = torch.tensor(lengths, dtype=torch.float32)
+    metrics["completions/mean_length"] = n.mean().item()
+    metrics["completions/min_length"] = n.min().item()
+    metrics["completions/max_length"] = n.max().item()
+    cut = torch.tensor(truncated, dtype=torch.bool)
+    metrics["completions/clipped_ratio"] = cut.float().mean().item()
+    terminated = n[~cut] if bool((~cut).any()) else torch.zeros(1)  # TRL: 0 when every completion was cut
+    metrics["completions/mean_terminated_length"] = terminated.mean().item()
+    metrics["completions/min_terminated_length"] = terminated.min().item()
+    metrics["completions/max_terminated_length"] = terminated.max().item()
+    return advantages, metrics
+
+
 def _dropped(column: str, values: list[Any]) -> None:
-    """TRL's ``log_extra``: the columns of its completions table, which only ``log_completions`` shows (a job does
-    not run it)."""
+    """TRL's ``log_extra``: extra columns of its ``log_completions`` table, which ``completions.jsonl`` does not
+    hold."""

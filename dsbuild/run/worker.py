@@ -365,7 +365,7 @@ def grpo_parts(job: Job, ready: Prepared) -> tuple[Any, Any]:
     sampler = GenerationSampler(len(ready.train), job.grpo, per_device=session.micro_batch_size,
                                 accumulation=session.gradient_accumulation_steps, world_size=session.world_size,
                                 rank=session.rank, seed=job.training.seed)  # fmt: skip
-    loader: DataLoader[Any] = DataLoader(ready.train, batch_size=session.micro_batch_size,  # type: ignore[arg-type]
+    loader: DataLoader[Any] = DataLoader(ready.train, batch_size=sampler.batch_size,  # type: ignore[arg-type]
                                          sampler=sampler, collate_fn=list)  # fmt: skip
     # The reward models first: under ZeRO-3 their forward is collective, and no function can have failed before it.
     models = [reward_model(session, path, offload=job.rewards.offload_models) for path in job.rewards.models]
@@ -440,6 +440,7 @@ def _run(job: Job, *, resume: bool, tag: str | None, terminate_on_nan: bool, dat
     if main_process:
         # The history goes on from the checkpoint: records of an attempt that died after it are dropped.
         history.cut_after(history_file, resumed_from or 0)
+        history.cut_after(folder.completions, resumed_from or 0)  # a GRPO run's: logged again from there
 
     # Checkpoints (every save_steps, and at the end) and evaluation (every eval_steps, default at each checkpoint,
     # and at the end, as the HF Trainer) come from fit.
@@ -498,7 +499,8 @@ def _title(job: Job) -> str:
 
 
 def summary_lines(job: Job) -> list[str]:
-    """The closing lines of ``dsbuild train``: how the loss went, and where each output is."""
+    """The closing lines of ``dsbuild train``: how the loss went (a GRPO run's mean reward too), and where each output
+    is."""
     out = job.output_dir
     lines = []
     folder = RunFolder(out)
@@ -508,6 +510,10 @@ def summary_lines(job: Job) -> list[str]:
     if train:
         first, last = train[0], train[-1]
         text = f"loss {first['loss']:.3f} at step {first['step']} -> {last['loss']:.3f} at step {last['step']}"
+        rewarded = [r for r in records if r.get("reward") is not None]  # GRPO: the loss says little
+        if rewarded:
+            a, b = rewarded[0], rewarded[-1]
+            text += f"; mean reward {a['reward']:.3f} at step {a['step']} -> {b['reward']:.3f} at step {b['step']}"
         if len(evaluation) > 1:
             a, b = evaluation[0], evaluation[-1]
             text += f"; evaluation loss {a['eval_loss']:.3f} at step {a['step']} -> {b['eval_loss']:.3f} at step {b['step']}"
@@ -525,8 +531,10 @@ def summary_lines(job: Job) -> list[str]:
         ("checkpoints", folder.checkpoints, f"latest: {latest}" if latest else "none saved"),
         ("model", folder.model, model),
         ("metrics", folder.logs, "; ".join([*_monitors(folder.ds_config), folder.history.name])),
-        ("loss plot", folder.loss_plot, ""),
+        ("loss plot", folder.loss_plot, "the mean reward beside the loss" if job.task == "grpo" else ""),
     ]
+    if folder.completions.is_file():
+        rows.append(("completions", folder.completions, "each logged completion, its rewards and advantage"))
     width = max(len(r[0]) for r in rows)
     for label, path, note in rows:
         lines.append(f"{label:<{width}}  {path}" + (f"  ({note})" if note else ""))

@@ -65,6 +65,9 @@ class DataPosition:
     epoch: int = 0
     batch_in_epoch: int = 0
     epoch_rng: torch.Tensor | None = None
+    rollout: dict[str, Any] | None = None
+    """A ``fit`` rollout's own state, JSON (GRPO: the generation batch the next steps still train on), saved and
+    restored with the position."""
 
     def iterator(self, loader: Any) -> Any:
         """An iterator over the current epoch, past the micro-batches already consumed."""

@@ -30,8 +30,8 @@ logger = logging.getLogger("dsbuild")
 
 
 def position_state(engine: Any, position: Any) -> dict[str, Any]:
-    """This process's place in training, all JSON: its steps, its data position (``batches.DataPosition``), and its
-    RNG states."""
+    """This process's place in training, all JSON: its steps, its data position (``batches.DataPosition``, a
+    rollout's state included), and its RNG states."""
     return {
         "global_step": int(engine.global_steps),
         "micro_steps": int(engine.micro_steps),
@@ -39,6 +39,7 @@ def position_state(engine: Any, position: Any) -> dict[str, Any]:
         "batch_in_epoch": position.batch_in_epoch,
         "epoch_rng": weights_only.encode_tensor(position.epoch_rng),
         "rng": weights_only.rng_state(),
+        "rollout": position.rollout,
     }
 
 

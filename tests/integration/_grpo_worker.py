@@ -1,12 +1,14 @@
 """TRL's side of test_grpo_trl.py's differential, in a process of its own:
 
     python _grpo_worker.py BASE OUT --ds-config C --loss-types T [T ...] [--beta B] [--micro M --accumulation A]
+                           [--num-iterations I] [--steps-per-generation S | --generation-batch-size N] [--in-order]
     python _grpo_worker.py jobs JOB [JOB ...]       dsbuild's side: each job as dsbuild train runs it, in turn
 
 TRL 1.16's ``GRPOTrainer`` on DeepSpeed with dsbuild's resolved config, the model loaded from ``BASE``, the prompts
 of ``PROMPTS``, the fixed completions of ``_grpo_functions.complete`` as its ``rollout_func`` and
 ``_grpo_functions.reward``: 3 steps of 4 completions × accumulation 2 (num_generations 4), fp32; one trainer per
-loss type, one after another. Writes ``OUT/T/result.json`` (the step records) and ``OUT/T/weights.pt`` (every weight
+loss type, one after another. ``--in-order`` cuts each generation batch into its micro-batches in order, as dsbuild
+does (TRL shuffles it first with the global RNG, which the two sides do not share). Writes ``OUT/T/result.json`` (the step records) and ``OUT/T/weights.pt`` (every weight
 after the last step, gathered).
 """
 
@@ -36,7 +38,8 @@ PROMPTS = [{"prompt": p, "target": t} for p, t in (("Name a colour:", 4), ("Say 
 NAMES = ("loss", "grad_norm", "kl", "reward", "reward_std", "frac_reward_zero_std", "clip_ratio/low_mean",
          "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/low_min", "clip_ratio/high_max",
          "completions/mean_length", "completions/min_length", "completions/max_length", "completions/clipped_ratio",
-         "rewards/reward/mean", "rewards/reward/std")  # fmt: skip
+         "completions/mean_terminated_length", "completions/min_terminated_length",
+         "completions/max_terminated_length", "num_tokens", "rewards/reward/mean", "rewards/reward/std")  # fmt: skip
 
 
 def _gathered(model: Any) -> dict[str, torch.Tensor]:
@@ -55,6 +58,7 @@ def run_trl(
     beta: float,
     micro: int = MICRO,
     accumulation: int = ACCUMULATION,
+    passes: dict[str, Any] | None = None,
 ) -> None:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, ByT5Tokenizer
@@ -68,6 +72,7 @@ def run_trl(
         gradient_accumulation_steps=accumulation, learning_rate=LR, weight_decay=0.0, lr_scheduler_type="constant",
         max_steps=STEPS, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, seed=0,
         num_generations=GENERATIONS, max_completion_length=MAX_COMPLETION, loss_type=loss_type, beta=beta,
+        **(passes or {}),
     )  # fmt: skip
     tokenizer = ByT5Tokenizer()
     trainer = GRPOTrainer(
@@ -104,9 +109,20 @@ def main() -> None:
     parser.add_argument("--beta", type=float, default=0.0)
     parser.add_argument("--micro", type=int, default=MICRO)
     parser.add_argument("--accumulation", type=int, default=ACCUMULATION)
+    parser.add_argument("--num-iterations", type=int, default=1)
+    parser.add_argument("--steps-per-generation", type=int)
+    parser.add_argument("--generation-batch-size", type=int)
+    parser.add_argument("--in-order", action="store_true", help="cut each generation batch in order, as dsbuild")
     args = parser.parse_args()
+    passes = {"num_iterations": args.num_iterations, "steps_per_generation": args.steps_per_generation,
+              "generation_batch_size": args.generation_batch_size}  # fmt: skip
+    if args.in_order:
+        import trl.trainer.grpo_trainer
+
+        trl.trainer.grpo_trainer.shuffle_sequence_dict = lambda batch: batch  # type: ignore[attr-defined]
     for loss_type in args.loss_types:
-        run_trl(args.base, args.out / loss_type, args.ds_config, loss_type, args.beta, args.micro, args.accumulation)
+        run_trl(args.base, args.out / loss_type, args.ds_config, loss_type, args.beta, args.micro, args.accumulation,
+                passes)  # fmt: skip
     _leave()
 
 

@@ -331,3 +331,38 @@ def test_user_code_that_fails_on_two_processes_is_told_once_with_its_own_frames(
                                timeout=600, cwd=tmp_path)  # fmt: skip
         assert again.returncode == 0, again.stderr[-3000:]
         assert sorted(_losses(out)) == [1]
+
+
+PASSES = ["--set=grpo.num_iterations=2", "--set=grpo.steps_per_generation=2"]
+"""One generation batch (16 sampled completions, 4 prompts) feeds 4 optimizer steps: 2 micro-batches, each twice."""
+
+
+def test_a_run_resumed_inside_a_generation_batch_trains_as_the_uninterrupted_one(
+    tmp_path: Path, eager_base: Path
+) -> None:
+    """A checkpoint after step 1 of a generation batch that feeds steps 1-4 keeps the batch (completions, advantages,
+    the old and the reference's log-probs: the policy that made them has stepped since), and ``--resume`` trains
+    steps 2-4 on it and steps 5-6 on the next one, sampled from the restored RNG: the uninterrupted run's records."""
+    reference = tmp_path / "reference"
+    six = "--set=training.max_steps=6"
+    done = subprocess.run(_train(reference, *PASSES, six, base=eager_base), capture_output=True, text=True,
+                          env=_env(), timeout=600, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = tmp_path / "stopped"
+    first = subprocess.run(_train(out, *PASSES, "--set=training.max_steps=1", base=eager_base), capture_output=True,
+                           text=True, env=_env(), timeout=600, cwd=tmp_path)  # fmt: skip
+    assert first.returncode == 0, first.stderr[-3000:]
+    state = json.loads((out / "checkpoints" / "global_step1" / manifest.RANK_STATE.format(rank=0)).read_text())
+    assert state["rollout"]["generation"] is not None and state["rollout"]["num_tokens"] > 0
+    resumed = subprocess.run(_train(out, *PASSES, six, "--resume", base=eager_base), capture_output=True, text=True,
+                             env=_env(), timeout=600, cwd=tmp_path)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    got = [r for r in read_history(out / "history.jsonl") if "loss" in r]
+    expected = [r for r in read_history(reference / "history.jsonl") if "loss" in r]
+    assert [r["step"] for r in got] == [r["step"] for r in expected] == [1, 2, 3, 4, 5, 6]
+    assert "reward" in expected[0] and "reward" not in expected[1] and "reward" in expected[4]
+    for mine, theirs in zip(got, expected, strict=True):
+        assert sorted(mine) == sorted(theirs)
+        for name in theirs:
+            if name not in ("samples_per_sec", "tokens_per_sec", "epoch"):
+                assert mine[name] == pytest.approx(theirs[name], rel=1e-5, abs=1e-7), (name, mine["step"])

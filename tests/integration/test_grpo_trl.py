@@ -47,6 +47,7 @@ num_generations = 4
 max_completion_length = 16
 loss_type = "{loss_type}"
 beta = {beta}
+{passes}
 [training]
 output_dir = "{out}"
 per_device_train_batch_size = {micro}
@@ -72,10 +73,27 @@ CASES = {  # name: (loss_type, beta, micro, accumulation)
     "dapo_kl": ("dapo", 0.04, 4, 2),
     "bnpo": ("bnpo", 0.0, 8, 1),
 }
+PASSES = {  # name: (loss_type, beta, micro, accumulation, [grpo] keys): several passes per generation batch
+    # one generation feeds 4 micro-steps (2 optimizer steps), each trained on twice: steps 1-2 one pass, step 3 the
+    # second pass over step 1's micro-batches, the policy having moved twice (old log-probs, ratio, clipping)
+    "iterations": ("dapo", 0.04, 4, 2, {"num_iterations": 2, "steps_per_generation": 4}),
+    # 3 micro-steps a generation, 2 an optimizer step: step 2 trains on the end of one and the start of the next
+    # (dsbuild also writes the completions it logs: TRL's run does not)
+    "straddle": (
+        "bnpo",
+        0.0,
+        4,
+        2,
+        {"generation_batch_size": 12, "log_completions": "true", "num_completions_to_print": 2},
+    ),
+    # each generation twice (steps 1, 2), a second generation at step 3
+    "twice": ("grpo", 0.04, 4, 2, {"num_iterations": 2}),
+}
 COMPARED = ("loss", "kl", "reward", "reward_std", "frac_reward_zero_std", "clip_ratio/low_mean", "clip_ratio/high_mean",
             "clip_ratio/region_mean", "clip_ratio/low_min", "clip_ratio/high_max", "completions/mean_length",
-            "completions/min_length", "completions/max_length", "completions/clipped_ratio", "rewards/reward/mean",
-            "rewards/reward/std")  # fmt: skip
+            "completions/min_length", "completions/max_length", "completions/clipped_ratio",
+            "completions/mean_terminated_length", "completions/min_terminated_length",
+            "completions/max_terminated_length", "num_tokens", "rewards/reward/mean", "rewards/reward/std")  # fmt: skip
 
 
 def _env() -> dict[str, str]:
@@ -90,12 +108,23 @@ def _run(*args: str, cwd: Path = ROOT) -> None:
     assert done.returncode == 0, done.stderr[-5000:]
 
 
-def _job(tmp: Path, base: Path, name: str, case: tuple[str, float, int, int], processes: int = 1) -> Path:
-    loss_type, beta, micro, accumulation = case
+def _job(tmp: Path, base: Path, name: str, case: tuple[Any, ...], processes: int = 1) -> Path:
+    loss_type, beta, micro, accumulation, *rest = case
+    passes = "\n".join(f"{key} = {value}" for key, value in (rest[0] if rest else {}).items())
     path = tmp / f"{name}.toml"
     path.write_text(JOB.format(base=base, prompts=tmp / "prompts.jsonl", loss_type=loss_type, beta=beta, out=tmp / name,
-                               micro=micro, accumulation=accumulation, processes=processes))  # fmt: skip
+                               micro=micro, accumulation=accumulation, processes=processes, passes=passes))  # fmt: skip
     return path
+
+
+def _trl_passes(tmp: Path, base: Path, name: str) -> Path:
+    """TRL's run of ``PASSES[name]`` (its generation batches cut in order, as dsbuild's): where its result is."""
+    loss_type, beta, micro, accumulation, passes = PASSES[name]
+    flags = [f"--{key.replace('_', '-')}={value}" for key, value in passes.items() if "completions" not in key]
+    _run(str(WORKER), str(base), str(tmp / "trl" / name), "--ds-config", str(tmp / name / "ds_config.json"),
+         "--loss-types", loss_type, "--beta", str(beta), "--micro", str(micro), "--accumulation", str(accumulation),
+         *flags, "--in-order")  # fmt: skip
+    return tmp / "trl" / name / loss_type
 
 
 def _ours(out: Path) -> tuple[list[dict[str, Any]], dict[str, torch.Tensor]]:
@@ -117,7 +146,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("grpo")
     base = dpo_loop.write_base(tmp / "base")
     (tmp / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _grpo_worker.PROMPTS))
-    _run(str(WORKER), "jobs", *(str(_job(tmp, base, name, case)) for name, case in CASES.items()), cwd=tmp)
+    cases: dict[str, tuple[Any, ...]] = {**CASES, **PASSES}
+    _run(str(WORKER), "jobs", *(str(_job(tmp, base, name, case)) for name, case in cases.items()), cwd=tmp)
     ds_config = str(tmp / "dapo" / "ds_config.json")
     trl = tmp / "trl"
     _run(str(WORKER), str(base), str(trl), "--ds-config", ds_config, "--loss-types", "grpo", "dr_grpo", "dapo")
@@ -125,15 +155,19 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     _run(str(WORKER), str(base), str(trl / "one"), "--ds-config", str(tmp / "bnpo" / "ds_config.json"), "--loss-types",
          "bnpo", "--micro", "8", "--accumulation", "1")  # fmt: skip
     where = {"grpo": trl / "grpo", "dr_grpo": trl / "dr_grpo", "dapo": trl / "dapo", "dapo_kl": trl / "kl" / "dapo",
-             "bnpo": trl / "one" / "bnpo"}  # fmt: skip
+             "bnpo": trl / "one" / "bnpo", **{name: _trl_passes(tmp, base, name) for name in PASSES}}  # fmt: skip
     theirs = {
         name: (json.loads((w / "result.json").read_text())["records"], torch.load(w / "weights.pt"))
         for name, w in where.items()
     }
     two = _job(tmp, base, "two", ("dapo", 0.04, 2, 2), processes=2)
     _run("-m", "dsbuild", "train", str(two), cwd=tmp)
+    two_passes = _job(tmp, base, "two_passes", (*PASSES["twice"][:2], 2, 2, PASSES["twice"][4]), processes=2)
+    _run("-m", "dsbuild", "train", str(two_passes), cwd=tmp)
     start = {k: v.detach().clone() for k, v in AutoModelForCausalLM.from_pretrained(base).named_parameters()}
-    return {"start": start, "ours": {n: _ours(tmp / n) for n in [*CASES, "two"]}, "trl": theirs}
+    completions = [json.loads(line) for line in (tmp / "straddle" / "completions.jsonl").read_text().splitlines()]
+    return {"start": start, "ours": {n: _ours(tmp / n) for n in [*cases, "two", "two_passes"]}, "trl": theirs,
+            "completions": completions}  # fmt: skip
 
 
 def _same_records(ours: list[dict[str, Any]], theirs: list[dict[str, Any]], tolerance: float = 1e-5) -> None:
@@ -157,13 +191,13 @@ def _same_update(
     assert float(trl.norm()) > 0 and float((mine - trl).norm() / trl.norm()) <= 0.05
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", [*CASES, *PASSES])
 def test_a_grpo_job_trains_as_trls_grpotrainer(runs: dict[str, Any], case: str) -> None:
     """For each loss type (and the KL term on): per step the loss and TRL's metrics to 1e-5, and the weights moved
     as TRL's (to 2e-5, 2 · lr: Adam's sign of a zero gradient; the update to 5%)."""
     ours, theirs = runs["ours"][case], runs["trl"][case]
     _same_records(ours[0], theirs[0])
-    if case == "dapo_kl":
+    if case in ("dapo_kl", "iterations", "twice"):
         assert all(r["kl"] >= 0 for r in ours[0]) and ours[0][0]["kl"] == 0.0  # the reference is the policy at step 1
     _same_update(runs["start"], ours[1], theirs[1])
 
@@ -175,3 +209,29 @@ def test_a_grpo_job_on_two_processes_trains_as_on_one(runs: dict[str, Any]) -> N
     (two, weights), (one, one_weights) = runs["ours"]["two"], runs["ours"]["dapo_kl"]
     _same_records(two, one)
     assert max(float((weights[k] - one_weights[k]).abs().max()) for k in one_weights) <= 1e-6
+
+
+def test_several_passes_on_two_processes_train_as_on_one(runs: dict[str, Any]) -> None:
+    """2 processes × 2 completions × accumulation 2, each generation batch trained on twice: each process keeps its
+    share, its old and reference log-probs; the same records (1e-5) and weights (1e-6) as the 1-process run held
+    against TRL. (With a generation batch longer than a step, a step of 2 processes trains on other completions than
+    a step of 1, in TRL too: each process's share of the batch is contiguous.)"""
+    (two, weights), (one, one_weights) = runs["ours"]["two_passes"], runs["ours"]["twice"]
+    _same_records(two, one)
+    assert max(float((weights[k] - one_weights[k]).abs().max()) for k in one_weights) <= 1e-6
+
+
+def test_logged_completions_are_written_with_their_rewards_and_advantages(runs: dict[str, Any]) -> None:
+    """``log_completions``: each generation batch's 12 completions once, with the step that made it (1 and 2 of
+    "straddle"), each with its reward (the history's mean reward to 1e-6) and its advantage (mean 0 in each group of
+    4, TRL's group advantages)."""
+    rows = runs["completions"]
+    assert [r["step"] for r in rows] == [1] * 12 + [2] * 12
+    history = {r["step"]: r for r in runs["ours"]["straddle"][0]}
+    for step in (1, 2):
+        mine = [r for r in rows if r["step"] == step]
+        assert sum(r["rewards"]["reward"] for r in mine) / 12 == pytest.approx(history[step]["reward"], abs=1e-6)
+        for group in range(3):
+            advantages = [r["advantage"] for r in mine[group * 4 : group * 4 + 4]]
+            assert len({json.dumps(r["prompt"]) for r in mine[group * 4 : group * 4 + 4]}) == 1
+            assert sum(advantages) == pytest.approx(0.0, abs=1e-5)

@@ -87,38 +87,72 @@ def test_the_prompt_order_is_trls_repeat_sampler(
         assert len(ours) == len(sampler)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(
     prompts=st.integers(1, 30), generations=st.integers(2, 4), per_device=st.integers(1, 4),
     accumulation=st.integers(1, 3), world=st.integers(1, 3), seed=st.integers(0, 1000),
+    steps=st.none() | st.integers(1, 4), iterations=st.integers(1, 3),
 )  # fmt: skip
-@example(prompts=8, generations=4, per_device=2, accumulation=2, world=2, seed=0)  # test_grpo_trl.py's 2-process run
+@example(prompts=8, generations=4, per_device=2, accumulation=2, world=2, seed=0, steps=None, iterations=1)
+@example(prompts=8, generations=4, per_device=2, accumulation=2, world=2, seed=0, steps=4, iterations=2)
 def test_each_process_generates_for_what_accelerate_hands_it_in_trls_loader(
-    prompts: int, generations: int, per_device: int, accumulation: int, world: int, seed: int
-) -> None:
-    """Each process's ``GenerationSampler`` indices are what TRL's data loader (batches of ``per_device ×
-    steps_per_generation`` over the ``RepeatSampler``) gives that process through Accelerate's ``BatchSamplerShard``
-    at each generation (the first of every ``steps_per_generation`` batches); the epoch's length is
-    ``GRPOSpec.completions``'s."""
+    prompts: int, generations: int, per_device: int, accumulation: int, world: int, seed: int, steps: int | None,
+    iterations: int,
+) -> None:  # fmt: skip
+    """Each process's ``GenerationSampler`` batches are what TRL's data loader (batches of ``per_device ×
+    steps_per_generation`` over the ``RepeatSampler``, each generation batch ``steps_per_generation × num_iterations``
+    times) gives that process through Accelerate's ``BatchSamplerShard`` at each micro-step (the examples: the
+    2-process runs of test_grpo_trl.py); the epoch's length is ``GRPOSpec.completions``'s."""
     from accelerate.data_loader import BatchSamplerShard
     from torch.utils.data import BatchSampler
 
     from dsbuild.rl.rollouts import GenerationSampler
 
-    generation_batch = per_device * world * accumulation
+    spec = GRPOSpec(num_generations=generations, steps_per_generation=steps, num_iterations=iterations)
+    per_generation = spec.generation_steps(per_device, world, accumulation)
+    generation_batch = per_device * world * per_generation
     assume(generation_batch % generations == 0 and prompts >= generation_batch // generations)
-    spec = GRPOSpec(num_generations=generations)
     for rank in range(world):  # each process's own sampler, seeded alike
         repeat = trl_utils.RepeatSampler(list(range(prompts)), mini_repeat_count=generations,
-                                         batch_size=generation_batch // generations, repeat_count=accumulation,
-                                         shuffle=True, seed=seed)  # fmt: skip
-        batches = BatchSampler(repeat, batch_size=per_device * accumulation, drop_last=False)
-        theirs = [index for i, b in enumerate(BatchSamplerShard(batches, num_processes=world, process_index=rank))
-                  if i % accumulation == 0 for index in b]  # fmt: skip
+                                         batch_size=generation_batch // generations,
+                                         repeat_count=iterations * per_generation, shuffle=True, seed=seed)  # fmt: skip
+        batches = BatchSampler(repeat, batch_size=per_device * per_generation, drop_last=False)
+        theirs = [list(b) for b in BatchSamplerShard(batches, num_processes=world, process_index=rank)]
         ours = GenerationSampler(prompts, spec, per_device=per_device, accumulation=accumulation, world_size=world,
                                  rank=rank, seed=seed)  # fmt: skip
-        assert list(ours) == theirs
-        assert len(ours) * world == spec.completions(prompts, per_device, world, accumulation)
+        indices = list(ours)
+        assert [indices[i : i + ours.batch_size] for i in range(0, len(indices), ours.batch_size)] == theirs
+        micro_steps = len(ours) // ours.batch_size  # the data loader's batches: one a micro-step
+        assert micro_steps * per_device * world == spec.completions(prompts, per_device, world, accumulation)
+
+
+@pytest.mark.parametrize(
+    ("keys", "steps"),
+    [
+        ({}, 2),  # TRL's default: one generation batch per optimizer step
+        ({"steps_per_generation": 4}, 4),
+        ({"generation_batch_size": 24}, 3),  # 24 completions over a global batch of 4 × 2 processes
+        ({"num_iterations": 2}, 2),
+        ({"steps_per_generation": 1, "num_iterations": 3}, 1),
+    ],
+)
+def test_a_generation_batch_feeds_steps_per_generation_micro_steps_num_iterations_times(
+    keys: dict[str, int], steps: int
+) -> None:
+    """``generation_steps`` is the ``steps_per_generation`` TRL's ``GRPOConfig`` fills (per device 4, accumulation 2;
+    TRL's on 1 process); on 2 processes an epoch of 12 prompts (``num_generations`` 4) is whole generation batches,
+    each trained on ``steps_per_generation × num_iterations`` micro-steps: ``completions`` counts the repeats."""
+    from trl import GRPOConfig
+
+    spec = GRPOSpec(num_generations=4, **keys)
+    config = GRPOConfig(output_dir="unused", per_device_train_batch_size=4, gradient_accumulation_steps=2,
+                        num_generations=4, report_to=[], use_cpu=True, **keys)  # fmt: skip
+    assert spec.generation_steps(4, 1, 2) == config.steps_per_generation
+    assert spec.generation_steps(4, 2, 2) == steps
+    generation_batch = 4 * 2 * steps
+    generations = 12 // (generation_batch // 4)
+    micro_steps = spec.completions(12, 4, 2, 2) // (4 * 2)
+    assert micro_steps == generations * steps * spec.num_iterations
 
 
 # -- the job file ------------------------------------------------------------------------------------------------
@@ -153,8 +187,10 @@ def test_a_grpo_job_reads_its_tables_with_trls_defaults(tmp_path: Path) -> None:
         (GRPO + "    [rollout]\n    backend = \"vllm\"\n", "rollout.backend: got 'vllm'"),
         (GRPO + "    [rollout]\n    weight_sink = \"m:f\"\n", "rollout.weight_sink: not read with backend = \"hf\""),
         (GRPO + "    [grpo]\n    num_generations = 3\n", "grpo.num_generations: generation_batch_size (8) must be divisible"),
-        (GRPO + "    [grpo]\n    num_iterations = 2\n", "grpo.num_iterations: several optimisation passes"),
-        (GRPO + "    [grpo]\n    steps_per_generation = 2\n", "grpo.steps_per_generation: got 2"),
+        (GRPO + "    [grpo]\n    generation_batch_size = 12\n",
+         "grpo.generation_batch_size: generation_batch_size (12) must be divisible by the global batch size (8)"),
+        (GRPO + "    [grpo]\n    generation_batch_size = 16\n    steps_per_generation = 2\n",
+         "grpo.generation_batch_size: 'generation_batch_size' and 'steps_per_generation' can not be both"),
         (GRPO + "    [grpo]\n    loss_type = \"ppo\"\n", "grpo.loss_type: got 'ppo'"),
         (GRPO + "    [reference]\n", "reference: not used with grpo.beta = 0"),
         (GRPO + "    [dpo]\n", "dpo: [dpo] is read by task = 'dpo'; this job's task is 'grpo'"),
@@ -260,6 +296,7 @@ class _Tokenizer:
 
 class _Session:
     tokenizer = _Tokenizer()
+    micro_batch_size, world_size, gradient_accumulation_steps = 2, 1, 1
 
 
 def _steps(*rewards: Any) -> Any:

@@ -107,15 +107,14 @@ def test_the_fields_a_job_does_not_run_are_refused_by_key_together(tmp_path: Pat
             vllm_mode = "server"
             reward_weights = [1.0, 0.5]
             generation_kwargs = { temperature = 0.7, max_new_tokens = 64, num_beams = 2 }
-            log_completions = true
-            num_iterations = 2
+            log_unique_prompts = true
             learning_rate = 1e-5
             scale_rewards = "groups"
         """)  # fmt: skip
     found = {p.path: str(p) for p in info.value.problems}
     assert info.value.fails_checks
     assert sorted(found) == sorted(f"grpo.{k}" for k in ("use_vllm", "vllm_mode", "reward_weights", "generation_kwargs",
-                                                          "log_completions", "num_iterations", "learning_rate",
+                                                          "log_unique_prompts", "learning_rate",
                                                           "scale_rewards"))  # fmt: skip
     assert 'backend = "function"' in found["grpo.use_vllm"] and "weight_sink" in found["grpo.use_vllm"]
     assert "set [rewards] weights = [1.0, 0.5]" in found["grpo.reward_weights"]
