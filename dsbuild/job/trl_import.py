@@ -30,7 +30,7 @@ from .rl import DPOSpec, GRPOSpec
 from .spec import TASKS, job_keys
 from .trl_keys import GRPO_NOT_RUN, NOT_RUN, NotRun, generation_kwargs_instead
 
-__all__ = ["GROUPS", "Imported", "TrlArguments", "import_job", "task_fields", "task_of", "trl_arguments"]
+__all__ = ["GROUPS", "NOT_READ", "Imported", "TrlArguments", "import_job", "task_fields", "task_of", "trl_arguments"]
 
 GROUPS: Final = ("script", "trainer", "model", "mixture")
 """The dataclasses of a TRL script, in ``make_parser``'s order: ``ScriptArguments``, the trainer's config,
@@ -168,8 +168,16 @@ def import_job(
         if args.group_of(key) is None:
             why = f"not a key of trl {args.task} (TRL ignores it)"
             notes.append(Note("trl", key, value, "not carried", why=why, instead="leave it out"))
+    said = {n.key for n in notes if n.file == "trl"}
+    for key, value in args.given.items():  # a key no rule above names (a newer TRL's): said all the same
+        if key not in said:
+            notes.extend(_not_run(args, key, value, NotRun(args.defaults.get(key), NOT_READ, "leave it out")))
     mine = [n for n in notes if n.file != "trl" or n.key.startswith("env.") or n.key in args.given]
     return Imported(job, mine)
+
+
+NOT_READ: Final = "dsbuild import does not read it"
+"""Why a key of TRL's dataclasses that no rule here names is not carried (a key of a newer TRL)."""
 
 
 # --- [model]: ModelConfig -----------------------------------------------------------------------------------------
@@ -457,7 +465,7 @@ def _strategy(
         where = sources.get("deepspeed") if ds_file is not None else sources.get("accelerate")
         raise e.with_source(where) if where else e from None
     stage = config.get("zero_optimization", {}).get("stage", 0)
-    if "deepspeed" in args.given:
+    if args.given.get("deepspeed") is not None:
         notes.append(_carried(args, "deepspeed", args.given["deepspeed"], "strategy.config"))
     if accelerate is None:
         return config, {}

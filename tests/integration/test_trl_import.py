@@ -272,3 +272,31 @@ def test_generated_trainer_keys_are_what_trl_runs(config: dict[str, Any], tmp_pa
         ours = lora.get("target_modules")
         assert (set(ours) if isinstance(ours, list) else ours) == (set(target) if isinstance(target, set) else target)
     assert job.model.dtype == model.dtype
+
+
+@pytest.mark.parametrize("task", ["sft", "dpo", "grpo"])
+def test_every_field_of_trls_dataclasses_has_a_rule(task: str, tmp_path: Path) -> None:
+    """Every field of the task's ScriptArguments, ModelConfig, DatasetMixtureConfig and trainer config (its own, not
+    HF's), set to TRL's default, is said by a rule of its own: none falls to the catch-all (a newer TRL's key fails
+    here)."""
+    from transformers import TrainingArguments
+    from trl.scripts import dpo, grpo, sft
+
+    from dsbuild.job.trl_import import NOT_READ
+
+    hf = {f.name for f in dataclasses.fields(TrainingArguments)}  # HF's names: one rule (NOT_TAKEN or [training])
+    parser = {"sft": sft, "dpo": dpo, "grpo": grpo}[task].make_parser()
+    config: dict[str, Any] = {}
+    for cls in parser.dataclass_types:
+        for f in dataclasses.fields(cls):
+            if f.name in hf:
+                continue
+            if f.init and f.default is not dataclasses.MISSING:
+                config[f.name] = f.default
+            elif f.init and f.default_factory is not dataclasses.MISSING:
+                config[f.name] = f.default_factory()
+    config.update(SFT, reward_funcs=["my_rewards.length"])
+    imported = import_job(trl_arguments(task, config, "trl.yaml"), None, data_format="text", cwd=tmp_path)
+    caught = [n.key for n in imported.notes if n.why in (NOT_READ, f"not a key of a {task} job")]
+    assert caught == []
+    assert {n.key for n in imported.notes} == set(config)  # and every key is said
