@@ -35,7 +35,7 @@ from .formats import (
     template_problems,
 )
 from .functions import function_ref_problem
-from .rl import DPOSpec, GRPOSpec, loss_weights_problem
+from .rl import DPO_LOSS_TYPES, DPOSpec, GRPOSpec, loss_weights_problem
 from .spec import (
     ATTN_IMPLEMENTATIONS,
     BYTE_TOKENIZER,
@@ -365,6 +365,21 @@ def loss_weights(c: Collector, value: Any, path: str, _: Mapping[str, Any]) -> A
     return value
 
 
+def loss_type(c: Collector, value: Any, path: str, _: Mapping[str, Any]) -> Any:
+    """``dpo.loss_type``: a list of loss types, or one as a string (TRL's ``DPOConfig`` reads ``"ipo"`` as
+    ``["ipo"]``)."""
+    if value is ABSENT:
+        return ABSENT
+    if isinstance(value, str):
+        if value in DPO_LOSS_TYPES:
+            return (value,)
+        c.problem(path, f"got {value!r}, expected one of {', '.join(map(repr, DPO_LOSS_TYPES))} (or a list of them)")
+        return ABSENT
+    spec = job_keys(DPOSpec)["loss_type"].spec
+    assert spec is not None
+    return c.value(value, path, spec)
+
+
 def trl_not_run(c: Collector, values: dict[str, Any], path: str, table: Mapping[str, Any]) -> None:
     """What ``dsbuild train`` does not run of TRL's ``DPOConfig`` / ``GRPOConfig``, refused by key at other than the
     value that runs, with what to write instead (``trl_keys.NOT_RUN``)."""
@@ -435,6 +450,7 @@ def _reward_model(c: Collector, value: str, path: str) -> str:
 
 
 READERS: Final[dict[tuple[type, str], Reader]] = {
+    (DPOSpec, "loss_type"): loss_type,
     (DPOSpec, "loss_weights"): loss_weights,
     (RewardsSpec, "weights"): loss_weights,
     (GRPOSpec, "scale_rewards"): scale_rewards,

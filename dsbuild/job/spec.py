@@ -242,7 +242,9 @@ class DataSpec:
     """Prompt template of ``"alpaca"`` records: ``"alpaca"`` (Stanford Alpaca's), ``"plain"``, or the job's own
     ``(prompt_no_input, prompt_input)``."""
     chat_template: str | None = _key(None, _typed("str"))
-    """A Jinja chat template for ``"messages"`` / ``"sharegpt"``; default the tokenizer's, else ``FALLBACK_CHAT_TEMPLATE``."""
+    """A Jinja chat template for conversations (``"messages"``, ``"sharegpt"``, and the lists of messages of
+    ``"prompt_completion"``, ``"preference"`` and ``"prompt"`` records); default the tokenizer's, else
+    ``FALLBACK_CHAT_TEMPLATE``."""
     columns: Mapping[str, str] = _key(
         schema={"type": "object", "additionalProperties": {"type": "string", "minLength": 1}}, factory=dict
     )

@@ -56,6 +56,23 @@ DPO_NOT_RUN: Final = {
     "use_weighting": NotRun(False, "WPO's weighting is not built into dsbuild train", "leave it out"),
     "sync_ref_model": NotRun(False, "TR-DPO's reference sync is not built into dsbuild train", "leave it out"),
     "precompute_ref_log_probs": NotRun(False, "a job's reference is [reference]'s", "set reference.precompute = true"),
+    "model_init_kwargs": NotRun(
+        None,
+        "a job builds its model from [model]",
+        "set [model] dtype and attn_implementation (or [model.config] for a model made from its config)",
+    ),
+    "trust_remote_code": NotRun(False, "dsbuild does not run a hub model's own code", "use a model transformers knows"),
+    "router_aux_loss_coef": NotRun(None, "a DPO job adds no mixture-of-experts router loss", "leave it out"),
+    "dataset_num_proc": NotRun(None, "a DPO job tokenizes its pairs in one process", "leave it out"),
+    "pad_to_multiple_of": NotRun(
+        "auto", "a DPO job pads to the longest pair of the micro-batch (TRL's 'auto' off Neuron)", "leave it out"
+    ),
+    "pad_token": NotRun(
+        None, "the pad token is the tokenizer's (TRL deprecates this key)", "use a tokenizer with a pad token"
+    ),
+    "activation_offloading": NotRun(
+        False, "activation offloading is not built into dsbuild train", "set [model] gradient_checkpointing = true"
+    ),
 }
 
 GRPO_NOT_RUN: Final = {
@@ -115,9 +132,7 @@ GRPO_NOT_RUN: Final = {
     "vllm_importance_sampling_cap": _vllm(None),
     # the loss and the rewards
     "reward_weights": NotRun(None, "a job's reward weights are [rewards]'s", "set [rewards] weights = {value}"),
-    "off_policy_mask_threshold": NotRun(
-        None, "the off-policy mask is not built into dsbuild train", "leave it out"
-    ),
+    "off_policy_mask_threshold": NotRun(None, "the off-policy mask is not built into dsbuild train", "leave it out"),
     "entropy_coef": _entropy(0.0),
     "use_adaptive_entropy": _entropy(False),
     "entropy_coef_min": _entropy(0.0),

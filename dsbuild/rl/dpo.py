@@ -4,18 +4,23 @@ What ``dsbuild train`` runs for ``task = "dpo"`` (``run/worker.py``) and what a 
 ``Session.fit`` / ``step``: a micro-batch is TRL's ``[chosen rows; rejected rows]`` (``collate_pairs``); each
 completion's log-probability under the policy (with gradients) and under the reference (without: its engine, or the
 ``ref_chosen_logps`` / ``ref_rejected_logps`` precomputed into the batch), then ``dpo_loss`` with the job's ``[dpo]``
-options. The loss function returns TRL's metrics beside the loss, which ``fit`` logs with each step.
+options. The loss function returns TRL's metrics beside the loss, which ``fit`` logs with each step (averaged over
+its micro-batches and processes) and ``evaluate`` with each evaluation: the rewards and log-probs, and what TRL reads
+from the policy's logits (``entropy``, ``logits/chosen``, ``logits/rejected``, ``mean_token_accuracy``), taken from
+the logits of the same forward as they leave the output head, and summed over processes before dividing, as TRL
+gathers them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from ..job.rl import DPOSpec
-from .losses import dpo_loss, pair_logps
+from .losses import dpo_loss, logits_stats, pair_logps, token_metrics, token_sums
 
 __all__ = ["dpo_loss_fn", "precompute_reference"]
 
@@ -28,7 +33,8 @@ def dpo_loss_fn(policy: Any, reference: Any, spec: DPOSpec | None = None) -> Cal
 
     def loss_fn(_engine: Any, batch: Mapping[str, Any]) -> dict[str, Any]:
         mask = batch["completion_mask"]
-        tokens = policy.logprobs(batch, completion_mask=mask)
+        with _logits_read(policy) as stats:
+            tokens = policy.logprobs(batch, completion_mask=mask)
         chosen, rejected = pair_logps(tokens, mask, ld_alpha=spec.ld_alpha)
         if "ref_chosen_logps" in batch:
             ref_chosen, ref_rejected = batch["ref_chosen_logps"], batch["ref_rejected_logps"]
@@ -36,7 +42,7 @@ def dpo_loss_fn(policy: Any, reference: Any, spec: DPOSpec | None = None) -> Cal
             ref_chosen, ref_rejected = pair_logps(
                 reference.logprobs(batch, completion_mask=mask), mask, ld_alpha=spec.ld_alpha
             )
-        lengths = mask[:, 1:].sum(dim=1)  # TRL's shifted completion mask: the completion's tokens
+        lengths = mask.sum(dim=1)  # TRL's completion mask, not shifted: what ipo and sigmoid_norm divide by
         rows = chosen.shape[0]
         out = dpo_loss(
             chosen, rejected, ref_chosen.to(chosen), ref_rejected.to(chosen), beta=spec.beta,
@@ -45,9 +51,46 @@ def dpo_loss_fn(policy: Any, reference: Any, spec: DPOSpec | None = None) -> Cal
             discopop_tau=spec.discopop_tau, chosen_lengths=lengths[:rows], rejected_lengths=lengths[rows:],
             chosen_token_logps=tokens[:rows], chosen_token_mask=mask[:rows],
         )  # fmt: skip
-        return {"loss": out.loss, **out.metrics()}
+        return {"loss": out.loss, **out.metrics(), **_token_metrics(policy, batch, mask, stats)}
 
     return loss_fn
+
+
+@contextlib.contextmanager
+def _logits_read(policy: Any) -> Iterator[list[tuple[torch.Tensor, ...]]]:
+    """``(entropy, mean logit, argmax)`` per position (``logits_stats``) of each forward of ``policy``'s model inside,
+    read from its output head's logits as they pass (one forward, as TRL's fused head computes them beside the
+    log-probs), in the order of the forwards; nothing for a model without an output head."""
+    stats: list[tuple[torch.Tensor, ...]] = []
+    model = getattr(policy.engine, "module", policy.engine)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is None:
+        yield stats
+        return
+    handle = head.register_forward_hook(lambda _module, _inputs, logits: stats.append(logits_stats(logits)))
+    try:
+        yield stats
+    finally:
+        handle.remove()
+
+
+def _token_metrics(
+    policy: Any, batch: Mapping[str, Any], mask: torch.Tensor, stats: list[tuple[torch.Tensor, ...]]
+) -> dict[str, float]:
+    """TRL's ``entropy``, ``logits/*`` and ``mean_token_accuracy`` of the batch from the policy's logits
+    (``_logits_read``), the sums over every process first (collective, as TRL's gather); none when they were not
+    read."""
+    from ..session import distributed
+
+    ids = batch["input_ids"]
+    if not stats or sum(s[0].shape[0] for s in stats) != ids.shape[0]:
+        return {}
+    entropy, mean, top = (torch.cat([s[i] for s in stats]) for i in range(3))
+    # Column t is the token the logits at t - 1 predict (as the log-probs): shift right, column 0 predicted by none.
+    entropy, mean, top = (torch.nn.functional.pad(x[:, :-1], (1, 0)) for x in (entropy, mean, top))
+    top1 = top == ids.to(top.device)
+    sums = token_sums(entropy, mean, top1, mask.to(entropy.device))
+    return token_metrics(distributed.all_sum(sums, policy.engine.device))
 
 
 def precompute_reference(

@@ -34,11 +34,15 @@ from ..job.rl import (
 
 __all__ = [
     "DPO_LOSSES",
+    "TOKEN_SUMS",
     "DPOOutput",
     "dpo_loss",
+    "logits_stats",
     "pair_logps",
     "refused",
     "sequence_logps",
+    "token_metrics",
+    "token_sums",
 ]
 
 
@@ -84,6 +88,74 @@ def pair_logps(per_token_logps: Tensor, mask: Tensor, *, ld_alpha: float | None 
         logps = (tokens * shared_mask).sum(dim=1) + ld_alpha * (tokens * tail_mask).sum(dim=1)
     chosen, rejected = logps.chunk(2, dim=0)
     return chosen, rejected
+
+
+# -- what TRL logs of the policy's logits ---------------------------------------------------------------------------
+
+
+def logits_stats(logits: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(entropy, mean logit, argmax)`` at each position of ``(rows, length, vocabulary)`` logits, fp32 (one row at a
+    time, so the fp32 copy is one row's): what TRL's fused head computes beside the log-probs (``entropy``,
+    ``mean_logits``; ``is_top1`` is the argmax compared with the next token), of the logits at temperature 1."""
+    entropy, mean, top = [], [], []
+    for row in logits.detach():
+        row = row.float()
+        logps = torch.log_softmax(row, dim=-1)
+        entropy.append(-(logps.exp() * logps).sum(dim=-1))
+        mean.append(row.mean(dim=-1))
+        top.append(row.argmax(dim=-1))
+    return torch.stack(entropy), torch.stack(mean), torch.stack(top)
+
+
+TOKEN_SUMS: Final = (
+    "entropy",
+    "tokens",
+    "chosen_logits",
+    "chosen_tokens",
+    "rejected_logits",
+    "rejected_tokens",
+    "correct",
+)
+"""The sums behind TRL's token metrics of a DPO batch (``token_sums``), in the order they are summed over processes."""
+
+
+def token_sums(entropy: Tensor, mean_logits: Tensor, top1: Tensor, mask: Tensor) -> list[float]:
+    """``TOKEN_SUMS`` of a batch ``[chosen rows; rejected rows]``: the per-token ``entropy``, ``mean_logits`` and
+    ``top1`` (whether the token is the logits' argmax) of the token each column holds, over ``mask`` (the completion
+    mask; column 0 is predicted by nothing and never counted).
+
+    TRL: ``DPOTrainer._compute_loss`` (dpo_trainer.py:1537-1579) sums these over the shifted completion mask and
+    gathers them over processes before dividing (``token_metrics``)."""
+    mask = mask.bool().clone()
+    mask[:, 0] = False
+    chosen, rejected = mask.chunk(2, dim=0)
+    chosen_logits, rejected_logits = mean_logits.chunk(2, dim=0)
+    chosen_top1, _ = top1.chunk(2, dim=0)
+    return [
+        float(entropy[mask].sum()),
+        float(mask.sum()),
+        float(chosen_logits[chosen].sum()),
+        float(chosen.sum()),
+        float(rejected_logits[rejected].sum()),
+        float(rejected.sum()),
+        float((chosen_top1 & chosen).sum()),
+    ]
+
+
+def token_metrics(sums: Sequence[float]) -> dict[str, float]:
+    """TRL's ``entropy``, ``logits/chosen``, ``logits/rejected`` and ``mean_token_accuracy`` of a batch from its
+    ``token_sums`` (summed over processes first, as TRL gathers them); each 0 where it counts no token, as TRL."""
+    s = dict(zip(TOKEN_SUMS, sums, strict=True))
+
+    def ratio(total: float, count: float) -> float:
+        return total / count if count > 0 else 0.0
+
+    return {
+        "entropy": ratio(s["entropy"], s["tokens"]),
+        "logits/chosen": ratio(s["chosen_logits"], s["chosen_tokens"]),
+        "logits/rejected": ratio(s["rejected_logits"], s["rejected_tokens"]),
+        "mean_token_accuracy": ratio(s["correct"], s["chosen_tokens"]),
+    }
 
 
 # -- DPO --------------------------------------------------------------------------------------------------------------

@@ -270,28 +270,49 @@ def forward(
 
 def evaluation_sums(
     engine: Any, loader: Any, model: Any, loss_fn: Callable[[Any, Any], Any] | None
-) -> tuple[float, float]:
-    """``(sum of batch losses × samples, samples)`` over ``loader`` without gradients, on this process (the model
-    put back in training mode after). A sequence-parallel shard's batch counts with its whole batch's loss."""
+) -> tuple[float, float, dict[str, float], int]:
+    """``(sum of batch losses × samples, samples, the loss_fn's other numbers summed over the batches, batches)`` over
+    ``loader`` without gradients, on this process (the model put back in training mode after). A sequence-parallel
+    shard's batch counts with its whole batch's loss."""
     from . import parallel
 
     was_training = engine.module.training
     engine.eval()
-    total, count = 0.0, 0.0
+    total, count, seen = 0.0, 0.0, 0
+    metrics: dict[str, float] = {}
     try:
         with torch.no_grad():
             for batch in loader:
                 batch = to_device(batch, engine.device)
-                loss = forward_loss(engine, batch, model, loss_fn)
+                loss, numbers = forward(engine, batch, model, loss_fn)
                 n = counts(batch)[0] or 1
                 if isinstance(loader, parallel.SequenceShards):  # this rank's shard: the batch's loss is its group's
                     loss, n = parallel.whole_batch_loss(loss, batch, loader.samples)
                 total += float(loss.float()) * n
                 count += n
+                metrics = {name: metrics.get(name, 0.0) + value for name, value in numbers.items()}
+                seen += 1
     finally:
         if was_training:
             engine.train()
-    return total, count
+    return total, count, metrics, seen
+
+
+def evaluation(
+    engine: Any, loader: Any, model: Any, loss_fn: Callable[[Any, Any], Any] | None, tp: int
+) -> dict[str, float]:
+    """``Session.evaluate``'s numbers over every process (collective): ``eval_loss`` weighted by samples,
+    ``eval_samples``, and each number a ``loss_fn`` returns beside its loss as ``eval_NAME``, averaged over the
+    batches and processes as TRL's trainers average what they log in evaluation (``eval_rewards/chosen``, ...).
+    ``tp``: a tensor-parallel group's ranks evaluate the same batches, so each batch counts once."""
+    from . import distributed
+
+    total, count, sums, seen = evaluation_sums(engine, loader, model, loss_fn)
+    names = sorted(sums)  # every process's loss_fn returns the same names
+    summed = distributed.all_sum([total, count, float(seen), *(sums[n] for n in names)], engine.device)
+    total, count, batch_count = summed[0] / tp, summed[1] / tp, summed[2]
+    means = {f"eval_{n}": value / max(batch_count, 1.0) for n, value in zip(names, summed[3:], strict=True)}
+    return {"eval_loss": total / max(count, 1.0), "eval_samples": count, **means}
 
 
 def micro_step(

@@ -326,17 +326,14 @@ class Session(Persist, Capabilities):
     ) -> dict[str, float]:
         """Mean loss over ``data`` without gradients, in batches of ``infer_batch_size``; collective.
 
-        Returns ``{"eval_loss": ..., "eval_samples": ...}`` (weighted by samples, over all processes), also appended
-        to ``history.jsonl`` with the step. Under sequence parallelism the batches are the micro-batch size
+        Returns ``{"eval_loss": ..., "eval_samples": ...}`` (weighted by samples, over all processes) and each number
+        ``loss_fn`` returns beside its loss as ``eval_NAME`` (TRL's ``eval_rewards/chosen``, ...), also appended to
+        ``history.jsonl`` with the step. Under sequence parallelism the batches are the micro-batch size
         (DeepSpeed's attention is built for it)."""
         engine = self.engine
         size = self.micro_batch_size if self.sequence_parallel_size > 1 else batch_size or self.infer_batch_size
         loader = self.data_loader(data, size, shuffle=False, collate_fn=collate_fn)
-        total, count = batches.evaluation_sums(engine, loader, self.model, loss_fn)
-        total, count = distributed.all_sum([total, count], engine.device)
-        # A tensor-parallel group's ranks evaluate the same batches: each batch counts once.
-        total, count = total / self.tensor_parallel_size, count / self.tensor_parallel_size
-        metrics = {"eval_loss": total / max(count, 1.0), "eval_samples": count}
+        metrics = batches.evaluation(engine, loader, self.model, loss_fn, self.tensor_parallel_size)
         self.write_events("Eval", {"step": engine.global_steps, "loss": metrics["eval_loss"]})
         if self.is_main_process and self.history_path is not None:
             history.append(self.history_path, [{"step": int(engine.global_steps), **metrics}])

@@ -2,11 +2,12 @@
 
     python _dpo_worker.py dsbuild BASE OUT --stage S     examples/dpo_loop.py's loop (Session, reference, dpo_loss)
     python _dpo_worker.py trl BASE OUT --ds-config C     TRL 1.16's DPOTrainer on DeepSpeed with dsbuild's config
-                                                         (--sampling random: the HF Trainer's shuffled order)
+                                                         (--sampling random: the HF Trainer's shuffled order;
+                                                         --eval: the pairs evaluated after the last step)
 
 Both read the pairs in file order (TRL: ``train_sampling_strategy="sequential"``), 3 steps of 2 pairs × 2
-accumulation, fp32, sigmoid loss, beta 0.1. Each writes ``OUT/result.json`` (the step records: loss and TRL's
-``rewards/*``, ``logps/*``) and ``OUT/weights.pt`` (every weight after the last step, gathered); the dsbuild side
+accumulation, fp32, sigmoid loss, beta 0.1. Each writes ``OUT/result.json`` (the step records: loss and every
+metric TRL logs; with ``--eval`` the evaluation's records too) and ``OUT/weights.pt`` (every weight after the last step, gathered); the dsbuild side
 also writes ``OUT/ds_config.json``, the resolved config the TRL side then runs with (the same DeepSpeed settings).
 """
 
@@ -32,7 +33,7 @@ import dpo_loop  # noqa: E402 - examples/dpo_loop.py, the loop under test
 
 STEPS, MICRO, ACCUMULATION, LR, BETA = 3, 2, 2, 1e-5, 0.1
 NAMES = ("loss", "grad_norm", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
-         "logps/rejected")  # fmt: skip
+         "logps/rejected", "entropy", "logits/chosen", "logits/rejected", "mean_token_accuracy", "num_tokens")  # fmt: skip
 
 
 def _gathered(model: Any) -> dict[str, torch.Tensor]:
@@ -43,11 +44,14 @@ def _gathered(model: Any) -> dict[str, torch.Tensor]:
         return {k: v.detach().float().cpu().clone() for k, v in params.items()}
 
 
-def _save(out: Path, records: list[dict[str, Any]], weights: dict[str, torch.Tensor]) -> None:
+def _save(
+    out: Path, records: list[dict[str, Any]], weights: dict[str, torch.Tensor], evaluation: list[dict[str, Any]] = ()
+) -> None:
     out.mkdir(parents=True, exist_ok=True)
     torch.save(weights, out / "weights.pt")
     kept = [{name: float(r[name]) for name in NAMES if r.get(name) is not None} for r in records]
-    (out / "result.json").write_text(json.dumps({"records": kept}))
+    evaluated = [{name: float(v) for name, v in r.items() if name.startswith("eval_")} for r in evaluation]
+    (out / "result.json").write_text(json.dumps({"records": kept, "evaluation": evaluated}))
 
 
 def run_dsbuild(base: Path, out: Path, stage: int) -> None:
@@ -60,7 +64,7 @@ def run_dsbuild(base: Path, out: Path, stage: int) -> None:
         (out / "ds_config.json").write_text(json.dumps(policy.config.to_dict()))
 
 
-def run_trl(base: Path, out: Path, ds_config: Path, sampling: str = "sequential") -> None:
+def run_trl(base: Path, out: Path, ds_config: Path, sampling: str = "sequential", evaluate: bool = False) -> None:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, ByT5Tokenizer
     from trl import DPOConfig, DPOTrainer
@@ -73,6 +77,7 @@ def run_trl(base: Path, out: Path, ds_config: Path, sampling: str = "sequential"
         gradient_accumulation_steps=ACCUMULATION, learning_rate=LR, weight_decay=0.0, lr_scheduler_type="constant",
         max_steps=STEPS, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, seed=0,
         train_sampling_strategy=sampling, beta=BETA, loss_type=["sigmoid"], max_length=None,
+        eval_strategy="steps" if evaluate else "no", eval_steps=STEPS, per_device_eval_batch_size=MICRO,
     )  # fmt: skip
     # The reference passed as the policy is (loaded before the trainer): left to TRL, it is loaded again inside
     # zero.Init and its step-0 log-probs differ from the policy's by ~1e-4 (ZeRO-3's partitioned load, fp32).
@@ -80,10 +85,12 @@ def run_trl(base: Path, out: Path, ds_config: Path, sampling: str = "sequential"
         model=AutoModelForCausalLM.from_pretrained(base), ref_model=AutoModelForCausalLM.from_pretrained(base),
         args=args, processing_class=ByT5Tokenizer(),
         train_dataset=Dataset.from_list(dpo_loop.PAIRS),
+        eval_dataset=Dataset.from_list(dpo_loop.PAIRS) if evaluate else None,
     )  # fmt: skip
     trainer.train()
     records = [h for h in trainer.state.log_history if "loss" in h]
-    _save(out, records, _gathered(trainer.model))
+    evaluation = [h for h in trainer.state.log_history if "eval_loss" in h]
+    _save(out, records, _gathered(trainer.model), evaluation)
 
 
 def main() -> None:
@@ -94,11 +101,12 @@ def main() -> None:
     parser.add_argument("--stage", type=int, default=3)
     parser.add_argument("--ds-config", type=Path)
     parser.add_argument("--sampling", default="sequential", help="TRL's train_sampling_strategy")
+    parser.add_argument("--eval", action="store_true", help="evaluate the pairs after the last step (TRL)")
     args = parser.parse_args()
     if args.side == "dsbuild":
         run_dsbuild(args.base, args.out, args.stage)
     else:
-        run_trl(args.base, args.out, args.ds_config, args.sampling)
+        run_trl(args.base, args.out, args.ds_config, args.sampling, args.eval)
     from dsbuild.session import distributed
 
     distributed.close_gloo()  # before the interpreter's finalization, where gloo can abort ("terminate called ...")

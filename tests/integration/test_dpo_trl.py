@@ -37,9 +37,9 @@ def _run(*args: str) -> None:
     assert done.returncode == 0, done.stderr[-5000:]
 
 
-def _result(out: Path) -> tuple[list[dict[str, float]], dict[str, torch.Tensor]]:
-    records = json.loads((out / "result.json").read_text())["records"]
-    return records, torch.load(out / "weights.pt")
+def _result(out: Path) -> tuple[list[dict[str, float]], dict[str, torch.Tensor], list[dict[str, float]]]:
+    result = json.loads((out / "result.json").read_text())
+    return result["records"], torch.load(out / "weights.pt"), result["evaluation"]
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +86,7 @@ def test_the_final_weights_are_trls_up_to_adams_sign_of_zero(runs: dict[str, Any
 def test_zero0_trains_the_same_model_as_zero3(runs: dict[str, Any]) -> None:
     """The loop at ZeRO-0 (the reference a second stage-0 engine) logs ZeRO-3's numbers to 1e-6 (relative for the log-probs) and ends at its
     weights to 1e-7: the stage changes where the weights live, not what is trained."""
-    (zero0, w0), (zero3, w3) = runs["zero0"], runs["zero3"]
+    (zero0, w0), (zero3, w3) = runs["zero0"][:2], runs["zero3"][:2]
     for a, b in zip(zero0, zero3, strict=True):
         assert {k: v for k, v in a.items() if k != "grad_norm"} == pytest.approx(
             {k: v for k, v in b.items() if k != "grad_norm"}, rel=1e-6, abs=1e-6
@@ -101,6 +101,7 @@ name_or_path = "{base}"
 tokenizer = "byte"
 [data]
 path = "{pairs}"
+eval_path = "{pairs}"
 format = "preference"
 [dpo]
 beta = 0.1
@@ -115,6 +116,9 @@ lr_scheduler_type = "constant"
 max_steps = 3
 logging_steps = 1
 save_strategy = "no"
+eval_strategy = "steps"
+eval_steps = 3
+per_device_eval_batch_size = {micro}
 seed = 0
 [strategy]
 name = "deepspeed_train"
@@ -126,8 +130,9 @@ nproc_per_node = {processes}
 
 def _job(
     tmp: Path, base: Path, name: str, micro: int, processes: int, extra: str = ""
-) -> tuple[list[dict[str, float]], dict[str, Any]]:
-    """``dsbuild train`` on a DPO job from ``base``; its step records and its saved model's weights."""
+) -> tuple[list[dict[str, float]], dict[str, Any], list[dict[str, float]]]:
+    """``dsbuild train`` on a DPO job from ``base``; its step records, its saved model's weights and its evaluation's
+    records (the pairs, after the last step)."""
     from transformers import AutoModelForCausalLM
 
     out = tmp / name
@@ -142,7 +147,7 @@ def _job(
     assert done.returncode == 0, done.stderr[-5000:]
     records = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
     weights = {k: v.detach() for k, v in AutoModelForCausalLM.from_pretrained(out / "model").named_parameters()}
-    return [r for r in records if "loss" in r], weights
+    return [r for r in records if "loss" in r], weights, [r for r in records if "eval_loss" in r]
 
 
 @pytest.fixture(scope="module")
@@ -150,25 +155,37 @@ def jobs(runs: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict
     tmp = tmp_path_factory.mktemp("dpo_job")
     base = runs["base"]
     one = _job(tmp, base, "one", micro=2, processes=1)
-    _run("trl", str(base), str(tmp / "trl"), "--ds-config", str(tmp / "one" / "ds_config.json"), "--sampling", "random")
+    _run("trl", str(base), str(tmp / "trl"), "--ds-config", str(tmp / "one" / "ds_config.json"), "--sampling", "random",
+         "--eval")  # fmt: skip
     two = _job(tmp, base, "two", micro=1, processes=2)
     precomputed = _job(tmp, base, "precomputed", micro=2, processes=1, extra="[reference]\nprecompute = true\n")
     return {"start": runs["start"], "one": one, "two": two, "precomputed": precomputed, "trl": _result(tmp / "trl")}
 
 
-def _same_records(ours: list[dict[str, Any]], theirs: list[dict[str, Any]], rel: float = 1e-5) -> None:
-    assert len(ours) == len(theirs) == 3
+ABSOLUTE = ("loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "entropy",
+            "logits/chosen", "logits/rejected", "mean_token_accuracy")  # fmt: skip
+"""What TRL's DPOTrainer logs, compared to 1e-5 (the log-probs, near -40, to 1e-5 relative)."""
+
+
+def _same_records(
+    ours: list[dict[str, Any]], theirs: list[dict[str, Any]], rel: float = 1e-5, prefix: str = "", steps: int = 3
+) -> None:
+    assert len(ours) == len(theirs) == steps
     for mine, other in zip(ours, theirs, strict=True):
-        for name in ("loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins"):
+        for name in ABSOLUTE:
+            name = prefix + name if name != "loss" or not prefix else "eval_loss"
             assert mine[name] == pytest.approx(other[name], abs=1e-5), (name, mine, other)
         for name in ("logps/chosen", "logps/rejected"):
-            assert mine[name] == pytest.approx(other[name], rel=rel), (name, mine, other)
+            assert mine[prefix + name] == pytest.approx(other[prefix + name], rel=rel), (name, mine, other)
 
 
 def test_a_dpo_job_trains_as_trls_dpotrainer(jobs: dict[str, Any]) -> None:
     """``task = "dpo"`` by ``dsbuild train`` (ZeRO-3, the HF Trainer's shuffled order) logs TRL's numbers per step
-    and saves TRL's weights (as the loop above: to 2e-5, the update to 5%)."""
+    (every metric TRL logs but ``num_tokens``), evaluates the pairs after the last step as TRL does (``eval_loss``,
+    ``eval_rewards/*``, ``eval_logps/*``, ``eval_logits/*``, ``eval_entropy``, ``eval_mean_token_accuracy``) and
+    saves TRL's weights (as the loop above: to 2e-5, the update to 5%)."""
     _same_records(jobs["one"][0], jobs["trl"][0])
+    _same_records(jobs["one"][2], jobs["trl"][2], prefix="eval_", steps=1)
     start, ours, theirs = jobs["start"], jobs["one"][1], jobs["trl"][1]
     mine = torch.cat([(ours[k] - start[k]).flatten() for k in theirs])
     trl = torch.cat([(theirs[k] - start[k]).flatten() for k in theirs])
@@ -178,8 +195,11 @@ def test_a_dpo_job_trains_as_trls_dpotrainer(jobs: dict[str, Any]) -> None:
 
 def test_a_dpo_job_on_two_processes_trains_as_on_one(jobs: dict[str, Any]) -> None:
     """2 processes × 1 pair × accumulation 2 see the 1-process run's 4 pairs per step: the same records (1e-5) and
-    weights (1e-6): the pairs' mean loss and TRL's metrics are averaged over processes as over micro-batches."""
+    weights (1e-6): the pairs' mean loss and TRL's metrics are averaged over processes as over micro-batches (the
+    token-weighted ones, ``entropy`` and ``logits/*``, summed over processes first, as TRL gathers them). Evaluated 1
+    pair per process, each evaluation batch is the 1-process run's batch of 2: the same ``eval_*`` numbers."""
     _same_records(jobs["two"][0], jobs["one"][0], rel=1e-6)
+    _same_records(jobs["two"][2], jobs["one"][2], rel=1e-6, prefix="eval_", steps=1)
     ours, one = jobs["two"][1], jobs["one"][1]
     assert max(float((ours[k] - one[k]).abs().max()) for k in one) <= 1e-6
 
