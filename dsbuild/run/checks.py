@@ -69,12 +69,19 @@ def launch_checks(job: Job, *, world_size: int | None = None, hub: bool = True) 
 
 
 def refused(job: Job) -> list[Diagnostic]:
-    """What the run would not do as its config says: a feature dsbuild refuses (``feature_table.REFUSED``),
-    DeepCompile on an accelerator without its op (DeepSpeed's CPU accelerator)."""
+    """What the run would not do as its config says: a feature dsbuild refuses (``feature_table.REFUSED``, and the
+    ``checkpoint.writer`` settings no machine runs), DeepSpeed's fast checkpoint writer where its ``async_io`` op
+    cannot be built, DeepCompile on an accelerator without its op (DeepSpeed's CPU accelerator)."""
     from ..validate.feature_table import refusals
 
     ds_config = job.config.to_dict()
     found = [Diagnostic(p.path, "error", p.message, p.hint) for p in refusals(ds_config)]
+    if not found and not missing("deepspeed"):
+        from ..session.writers import fast_writer_refusal  # DeepSpeed's op builders: only for the fast writer
+
+        reason = fast_writer_refusal(ds_config)
+        hint = 'set checkpoint.writer.type = "python" for plain file writes, or remove checkpoint.writer'
+        found += [Diagnostic("checkpoint.writer.type", "error", reason, hint)] if reason else []
     if job.config.compile is None or job.config.compile.deepcompile is not True or missing("torch"):
         return found
     from ..session.setup import deepcompile_refusal  # torch: only a job that asks for DeepCompile pays for it

@@ -27,6 +27,7 @@ __all__ = [
     "init",
     "is_initialized",
     "local_rank",
+    "node_env",
     "node_rank",
     "quiet_old_names",
     "quietly",
@@ -63,6 +64,25 @@ def ensure_env(environ: Mapping[str, str] | None = None) -> None:
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("LOCAL_RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
+
+
+def node_env() -> None:
+    """Set the node counts DeepSpeed's own launcher exports (``deepspeed/launcher/launch.py``) and other launchers do
+    not: ``CROSS_RANK`` (this node), ``CROSS_SIZE`` (the nodes), ``LOCAL_SIZE`` (this node's processes).
+
+    DeepSpeed's checkpoint writers (``checkpoint.writer``: ``model_checkpointing/utils.py``) read them at engine start
+    and died with ``KeyError: 'CROSS_SIZE'`` under torchrun, Slurm, Ray and a one-process run. They are derived here,
+    in the rank, from what its launcher gave (torchrun's ``GROUP_RANK``, ``GROUP_WORLD_SIZE``, ``LOCAL_WORLD_SIZE``;
+    Ray Train's ``NODE_RANK``, ``LOCAL_WORLD_SIZE``; nothing at all for one process), so every launcher, an elastic
+    run's renumbered nodes and a user's own torchrun get them alike; values already set (DeepSpeed's launcher) are
+    kept.
+    """
+    world = world_size()
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "0")) or world
+    nodes = int(os.environ.get("GROUP_WORLD_SIZE", "0")) or -(-world // per_node)
+    os.environ.setdefault("CROSS_RANK", os.environ.get("NODE_RANK") or str(node_rank()))
+    os.environ.setdefault("CROSS_SIZE", str(nodes))
+    os.environ.setdefault("LOCAL_SIZE", str(per_node))
 
 
 def is_initialized() -> bool:
@@ -114,6 +134,7 @@ def init(timeout: float | None = None) -> None:
     lazy_compile.install()  # every engine imports DeepSpeed's Muon, whose kernels need torch.compile only when called
     alone = not is_initialized() and not any(k in os.environ for k in _LAUNCHER_KEYS)
     ensure_env()
+    node_env()
     wait = datetime.timedelta(seconds=timeout if timeout is not None else Training().ddp_timeout)
     if alone:
         # One process needs no rendezvous: an in-memory store, so no port is listened on (a free port picked

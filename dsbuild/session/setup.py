@@ -221,7 +221,7 @@ def start_engine(
     """
     import deepspeed
 
-    from . import weights_only
+    from . import weights_only, writers
 
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
@@ -235,20 +235,24 @@ def start_engine(
     refusal = deepcompile_refusal(ds_config)
     if refusal is not None:
         raise SessionError(f"compile.deepcompile: {refusal}")
+    refusal = writers.fast_writer_refusal(ds_config)
+    if refusal is not None:
+        raise SessionError(f"checkpoint.writer.type: {refusal}")
     micro = ds_config.get("train_micro_batch_size_per_gpu")
     if sp > 1:
         mpu = parallel.register(model, sp, micro if isinstance(micro, int) else 1, distributed.world_size())
     else:
         mpu = None
         parallel.unregister(model)  # an earlier session's Ulysses attention is not this model's
-    engine, _, _, _ = deepspeed.initialize(
-        model=model,
-        model_parameters=params if optimizer is None else None,
-        optimizer=optimizer,
-        lr_scheduler=scheduler,
-        config=ds_config,
-        mpu=mpu,
-    )
+    with writers.spawning(ds_config):  # DeepSpeed's decoupled checkpoint writer starts in initialize
+        engine, _, _, _ = deepspeed.initialize(
+            model=model,
+            model_parameters=params if optimizer is None else None,
+            optimizer=optimizer,
+            lr_scheduler=scheduler,
+            config=ds_config,
+            mpu=mpu,
+        )
     weights_only.install(engine, checkpoint_digest)  # DeepSpeed's files: verified, weights-only reads
     compile_engine(engine, ds_config, training)
     return engine

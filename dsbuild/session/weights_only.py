@@ -11,6 +11,7 @@ state (RNG states, data position) is JSON (``rng_state``).
 
 from __future__ import annotations
 
+import atexit
 import base64
 import contextlib
 import errno
@@ -115,14 +116,52 @@ class VerifyingCheckpointEngine:
         self.scratch: str | None = None
         """An absolute folder whose files this process is writing now (a conversion's output): read weights-only,
         though in no manifest yet."""
+        self.delegated = type(inner).__name__ != "TorchCheckpointEngine"
+        """DeepSpeed's writer engines (``checkpoint.writer``: the fast engine, its decoupled process): they write the
+        files themselves, in another process or through their own file objects, so ``commit`` hashes them after."""
+        self.pending: list[str] = []
+        """The files a delegated ``save`` handed to DeepSpeed's writer since ``begin``: hashed by ``commit``."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
     def begin(self) -> None:
         self.written = {}
+        self.pending = []
+
+    def is_decoupled(self) -> bool:
+        """``False`` for every engine: DeepSpeed then commits a decoupled writer's save at the end of
+        ``save_checkpoint`` (``commit`` below), not at the next optimizer step, because dsbuild's manifest, written
+        right after, needs every file complete and hashed."""
+        return False
+
+    def commit(self, info: Any) -> bool:
+        """DeepSpeed's commit of a save: a decoupled writer's files written (it waits for its writer process; its first
+        commit is collective), then every file a delegated ``save`` handed over hashed from the disk. A writer that
+        failed, or a file it did not write, is an ``OSError`` naming it (a failed save: its folder is removed, the
+        last complete checkpoint named), before any manifest names the file."""
+        if not self.delegated:
+            return bool(self.inner.commit(info))
+        if self.inner.is_decoupled() and self.inner.get_commit_info() is not None:
+            try:
+                self.inner.commit(info)
+            except RuntimeError as e:  # its writer process died or timed out
+                raise OSError(errno.EIO, f"DeepSpeed's decoupled checkpoint writer failed: {e}") from None
+        elif not self.inner.is_decoupled():
+            self.inner.commit(info)
+        for path in self.pending:
+            target = Path(path)
+            if not target.is_file():
+                raise OSError(errno.EIO, "DeepSpeed's checkpoint writer did not write it", str(target))
+            self.written[str(target.resolve())] = (target.stat().st_size, file_digest(target, self.digest))
+        self.pending = []
+        return True
 
     def save(self, state_dict: Any, path: str) -> None:
+        if self.delegated:
+            self.inner.save(state_dict, path)  # DeepSpeed's writer: hashed from the disk once it has committed
+            self.pending.append(path)
+            return
         target = Path(path)
         with open(target, "wb") as f:
             writer = _HashingWriter(f, self.digest)
@@ -209,17 +248,26 @@ def _unsafe_global(error: Exception) -> str:
 
 
 def install(engine: Any, digest: str = DIGEST) -> VerifyingCheckpointEngine:
-    """Put ``VerifyingCheckpointEngine`` around the engine's checkpoint engine (DeepSpeed's default one only)."""
-    from deepspeed.runtime.checkpoint_engine import TorchCheckpointEngine
+    """Put ``VerifyingCheckpointEngine`` around the engine's checkpoint engine: DeepSpeed's default one, or its fast
+    or decoupled writer engine (``checkpoint.writer``), whose files it hashes once written."""
+    from deepspeed.runtime.checkpoint_engine import (
+        DecoupledCheckpointEngine,
+        FastCheckpointEngine,
+        TorchCheckpointEngine,
+    )
 
     current = engine.checkpoint_engine
     if isinstance(current, VerifyingCheckpointEngine):
         return current
-    if type(current) is not TorchCheckpointEngine:
+    if type(current) not in (TorchCheckpointEngine, FastCheckpointEngine, DecoupledCheckpointEngine):
         raise CheckpointError(
             f"the config selects DeepSpeed's {type(current).__name__} checkpoint engine; dsbuild verifies and loads "
-            "checkpoints through the default one only (remove checkpoint.writer / the decoupled settings)"
+            "checkpoints through DeepSpeed's torch, fast and decoupled engines only (remove its settings)"
         )
+    if isinstance(current, DecoupledCheckpointEngine):
+        # Its writer is a process that waits on a queue until told to end; multiprocessing joins such a process at
+        # the interpreter's exit, so a run that ends without DeepSpeed's engine being destroyed would wait forever.
+        atexit.register(current.cleanup)
     engine.checkpoint_engine = VerifyingCheckpointEngine(current, digest)
     return engine.checkpoint_engine  # type: ignore[no-any-return]
 

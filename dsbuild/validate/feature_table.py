@@ -20,7 +20,7 @@ import attrs
 
 from ..errors import Problem
 
-__all__ = ["ELSEWHERE", "FEATURES", "REFUSED", "TRAINED", "Feature", "refusals"]
+__all__ = ["ELSEWHERE", "FEATURES", "REFUSED", "TRAINED", "Feature", "refusals", "writer_refusals"]
 
 TRAINED: Final = "trained"
 ELSEWHERE: Final = "elsewhere"
@@ -75,7 +75,11 @@ FEATURES: Final[dict[str, Feature]] = {
     "zero_force_ds_cpu_optimizer": Feature(TRAINED, "CPU offload in tests/integration/test_session.py"),
     "bf16": Feature(TRAINED, "the demo job and tests/integration/test_train.py"),
     "bfloat16": Feature(TRAINED, "DeepSpeed's older name of bf16, read as bf16"),
-    "checkpoint": Feature(TRAINED, "tests/integration/test_checkpoints.py, tests/integration/test_preemption.py"),
+    "checkpoint": Feature(
+        TRAINED,
+        "tests/integration/test_checkpoints.py, tests/integration/test_preemption.py; DeepSpeed's writer engines "
+        "(checkpoint.writer, ZeRO-3): tests/integration/test_checkpoint_writers.py",
+    ),
     "compile": Feature(
         TRAINED,
         "torch_compile in tests/integration/test_compile_and_timeout.py; DeepCompile is refused on the CPU "
@@ -164,4 +168,47 @@ def refusals(ds_config: Mapping[str, Any]) -> list[Problem]:
     for key, feature in FEATURES.items():
         if feature.row == REFUSED and key in ds_config and feature.asked(ds_config[key]):
             found.append(Problem(key, f"not run by dsbuild: {feature.what}", "remove it, or run DeepSpeed yourself"))
+    return found + writer_refusals(ds_config)
+
+
+_PYTHON_WRITER: Final = 'set checkpoint.writer.type = "python" for plain file writes, or remove checkpoint.writer'
+
+
+def writer_refusals(ds_config: Mapping[str, Any]) -> list[Problem]:
+    """A problem for each setting of ``checkpoint.writer`` (DeepSpeed's writer engines) whose checkpoint could not be
+    loaded back or would be incomplete, on any machine (DeepSpeed 0.19). What a machine lacks (the fast writer's
+    ``async_io`` op) is ``session.writers.fast_writer_refusal``."""
+    checkpoint = ds_config.get("checkpoint")
+    writer = checkpoint.get("writer") if isinstance(checkpoint, Mapping) else None
+    if not isinstance(writer, Mapping):
+        return []
+    found = []
+    kind = str(writer.get("type") or "FAST").upper()
+    if kind == "MOCK":
+        found.append(
+            Problem("checkpoint.writer.type", "MOCK: DeepSpeed's mock writer writes no files, so a checkpoint would "
+                    "hold nothing to resume from", _PYTHON_WRITER)
+        )  # fmt: skip
+    zero = ds_config.get("zero_optimization")
+    stage = zero.get("stage", 0) if isinstance(zero, Mapping) else 0
+    if isinstance(stage, int) and stage < 3:
+        found.append(
+            Problem(
+                "checkpoint.writer",
+                f"at ZeRO stage {stage}: DeepSpeed 0.19's writer engines fail at engine start below stage 3 "
+                "(model_checkpointing's data-parallel writer config asks its parallel info for a dp_rank it does not "
+                "hold: AttributeError), and the fast writer would write each file as FILE-RANK.COUNT parts, which "
+                "load_checkpoint does not read",
+                "use ZeRO stage 3 with checkpoint.writer, or remove checkpoint.writer",
+            )
+        )
+    if writer.get("data_parallel") is not None:
+        found.append(
+            Problem(
+                "checkpoint.writer.data_parallel",
+                f"{writer['data_parallel']}: ignored by DeepSpeed 0.19 at ZeRO stage 3, where its writer config gives "
+                "every rank a writer of its own files (and below stage 3 checkpoint.writer is refused)",
+                "remove checkpoint.writer.data_parallel: each rank then writes its own files",
+            )
+        )
     return found
