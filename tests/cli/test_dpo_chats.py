@@ -101,11 +101,13 @@ def test_a_template_that_cannot_render_a_pair_is_refused_by_key_file_and_line(
 
 
 @pytest.mark.procs
-def test_a_dpo_job_of_conversational_pairs_trains_with_its_chat_template(tmp_path: Path) -> None:
-    """``dsbuild train`` of the pairs with ``data.chat_template`` takes a step (the pairs are TRL's preparation
-    with that template: tests/property/test_dpo_data_differential.py), and the model's tokenizer is saved with the
-    template it was trained with."""
-    job = _job(tmp_path, f"chat_template = {json.dumps(TEMPLATE)}").read_text() + "\n"
+@pytest.mark.parametrize("template", [None, TEMPLATE], ids=["fallback", "data.chat_template"])
+def test_a_dpo_job_of_conversational_pairs_trains(tmp_path: Path, template: str | None) -> None:
+    """``dsbuild train`` of the pairs takes a step with the fallback template and with ``data.chat_template`` (the
+    pairs are TRL's preparation with that template: tests/property/test_dpo_data_differential.py); the model's
+    tokenizer is saved with ``data.chat_template`` when the job sets it."""
+    data = f"chat_template = {json.dumps(template)}" if template else ""
+    job = _job(tmp_path, data).read_text() + "\n"
     (tmp_path / "job.toml").write_text(job.replace('save_strategy = "no"', 'save_strategy = "steps"\nsave_steps = 1'))
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
@@ -116,6 +118,8 @@ def test_a_dpo_job_of_conversational_pairs_trains_with_its_chat_template(tmp_pat
     assert "Traceback" not in done.stderr
     steps = [json.loads(line) for line in (tmp_path / "out" / "history.jsonl").read_text().splitlines()]
     assert [r["step"] for r in steps if "loss" in r] == [1]
+    if template is None:
+        return
     saved = json.loads((tmp_path / "out" / "model" / "tokenizer_config.json").read_text())
     assert (
         saved.get("chat_template") == TEMPLATE
