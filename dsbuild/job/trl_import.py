@@ -152,9 +152,12 @@ def import_job(
     notes: list[Note] = []
     job: dict[str, Any] = {"task": args.task} if args.task != "sft" else {}
     job["description"] = f"imported from a TRL {args.task} config"
-    job["model"] = _model(args, notes)
-    job["data"] = _data(args, notes, data_format, cwd or Path.cwd())
+    here = cwd or Path.cwd()
+    job["model"] = _model(args, notes, here)
+    job["data"] = _data(args, notes, data_format, here)
     job["training"] = _training(args, notes)
+    if isinstance(job["training"].get("output_dir"), str):  # TRL writes it from where it runs; a job, from its file
+        job["training"]["output_dir"] = str((here / job["training"]["output_dir"]).expanduser().absolute())
     rl = _rl(args, notes)
     job.update(rl)
     strategy, launch = _strategy(args, accelerate, ds_file, notes, sources or {})
@@ -205,7 +208,7 @@ _MODEL_NOT_RUN: Final = {
 """``ModelConfig`` keys that a job runs at one value only (quantization keys at any value without a 4-bit load)."""
 
 
-def _model(args: TrlArguments, notes: list[Note]) -> dict[str, Any]:
+def _model(args: TrlArguments, notes: list[Note], cwd: Path) -> dict[str, Any]:
     model = args.values["model"]
     table: dict[str, Any] = {}
     for key, to in (("model_name_or_path", "name_or_path"), ("dtype", "dtype"), ("attn_implementation", None)):
@@ -226,6 +229,9 @@ def _model(args: TrlArguments, notes: list[Note]) -> dict[str, Any]:
         if key.startswith("bnb_") and not quantized:
             row = row._replace(runs=model.get(key))
         notes.extend(_not_run(args, key, model.get(key), row))
+    local = cwd / str(table.get("name_or_path", ""))
+    if "name_or_path" in table and local.exists():  # a folder TRL loads from where it runs, made absolute
+        table["name_or_path"] = str(local.resolve())
     if model.get("model_name_or_path") is None:
         raise ConfigError(Problem("model_name_or_path", "missing: the model TRL trains"), checks=True)
     return table

@@ -159,6 +159,21 @@ def test_without_trl_the_install_is_named(tmp_path: Path, monkeypatch: pytest.Mo
     assert "reading a TRL config needs the 'trl' package: pip install trl" in capsys.readouterr().err
 
 
+def test_relative_paths_are_where_trl_would_read_and_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TRL reads the model and data and writes output_dir from where it runs; a job reads them from its own folder:
+    a job written into another folder holds them as TRL would find them."""
+    monkeypatch.chdir(tmp_path)
+    _base(tmp_path)
+    (tmp_path / "jobs").mkdir()
+    trl = _write(
+        tmp_path / "sft.yaml", {"model_name_or_path": "model", "dataset_name": "chat.jsonl", "output_dir": "out"}
+    )
+    assert main(["import", "trl", str(trl), "--format", "messages", "-o", "jobs/job.toml"]) == 0
+    job = load_job(tmp_path / "jobs" / "job.toml")
+    assert job.model.name_or_path == str(tmp_path / "model")
+    assert job.data.path == tmp_path / "chat.jsonl" and job.training.output_dir == str(tmp_path / "out")
+
+
 def _same_job(a: Any, b: Any) -> None:
     """Two jobs that run the same: model, data, training arguments, task tables, launch, resolved ds_config."""
     assert a.task == b.task
