@@ -50,6 +50,7 @@ def trl_config(job: Job) -> tuple[dict[str, Any], list[Note]]:
     config.update(_model(job, notes))
     config.update(_data(job, notes))
     config.update(_training(job.training))
+    config["gradient_checkpointing"] = job.training.gradient_checkpointing or job.model.gradient_checkpointing
     config.update(_rl(job, notes))
     return config, notes
 

@@ -28,7 +28,7 @@ from ..resolve.training import NOT_TAKEN, Training
 from .accelerate_import import Note, accelerate_launch, check_settings, plugin_config, strategy_notes
 from .rl import DPOSpec, GRPOSpec
 from .spec import TASKS, job_keys
-from .trl_keys import GRPO_NOT_RUN, NOT_RUN, NotRun, generation_kwargs_instead
+from .trl_keys import DPO_NOT_RUN, GRPO_NOT_RUN, NOT_RUN, NotRun, generation_kwargs_instead
 
 __all__ = ["GROUPS", "NOT_READ", "Imported", "TrlArguments", "import_job", "task_fields", "task_of", "trl_arguments"]
 
@@ -272,8 +272,7 @@ _SHARED_NOT_RUN: Final = {
     "shuffle_dataset": NotRun(False, "an SFT job keeps its sampler's order", "leave it out"),
     "eval_packing": NotRun(None, "evaluation data is packed as data.packing says", "leave it out"),
     "loss_type": NotRun("nll", "an SFT job trains on the negative log-likelihood", "leave it out"),
-    "activation_offloading": NotRun(False, "activations are not offloaded", "use training.gradient_checkpointing"),
-    "pad_token": NotRun(None, "a job pads with the tokenizer's pad token", "leave it out"),
+    **{k: DPO_NOT_RUN[k] for k in ("activation_offloading", "pad_token")},
     "pad_to_multiple_of": NotRun("auto", "a job pads a batch to its longest sample", "leave it out"),
     "dataset_num_proc": NotRun(None, "tokenized by the task's own preparation", "leave it out"),
 }
