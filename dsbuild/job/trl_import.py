@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import enum
 import importlib
+import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -290,7 +291,7 @@ def _data(args: TrlArguments, notes: list[Note], data_format: str | None, cwd: P
     local = (cwd / str(name)).expanduser()
     table["path"] = str(local.resolve()) if local.exists() else str(name)
     notes.append(_carried(args, "dataset_name", name, "data.path"))
-    table["format"] = _format(args, data_format)
+    table["format"] = _format(args, data_format, local)
     split = script.get("dataset_train_split", "train")
     if split != "train":
         table["split"] = split
@@ -308,16 +309,42 @@ def _data(args: TrlArguments, notes: list[Note], data_format: str | None, cwd: P
     return table
 
 
-def _format(args: TrlArguments, data_format: str | None) -> str:
+def _format(args: TrlArguments, data_format: str | None, path: Path) -> str:
     if args.task != "sft":
         return "preference" if args.task == "dpo" else "prompt"
     if data_format is not None:
         return data_format
+    text_field = str(args.trainer.get("dataset_text_field") or "text")
+    peeked = _peeked_format(path, text_field)
+    if peeked is not None:
+        return peeked
     if "dataset_text_field" in args.given:  # the config names the text field: text records
         return "text"
     message = "TRL tells an SFT dataset's format from its columns when it runs; a job names it"
     hint = "give --format text, messages, prompt_completion, alpaca, sharegpt or tokenized"
     raise ConfigError(Problem("dataset_name", message, hint), checks=False)
+
+
+_PEEK: Final = 1 << 20
+"""Bytes of a local JSON Lines file read to tell its format: its first record's line at most."""
+
+_TRL_COLUMNS: Final = (("input_ids", "tokenized"), ("messages", "messages"), ("completion", "prompt_completion"))
+"""The columns by which TRL's SFTTrainer tells a dataset's kind, in the order it asks, and the format of each."""
+
+
+def _peeked_format(path: Path, text_field: str) -> str | None:
+    """The format TRL would find in the first record of a local JSON Lines file; ``None`` when it cannot tell."""
+    if path.suffix.lower() != ".jsonl" or not path.is_file():  # a regular file: never a FIFO that would not answer
+        return None
+    try:
+        with path.open("rb") as f:
+            record = json.loads(f.readline(_PEEK))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict):
+        return None
+    found = next((fmt for column, fmt in _TRL_COLUMNS if column in record), None)
+    return found or ("text" if text_field in record else None)
 
 
 def _eval_split(args: TrlArguments, table: dict[str, Any]) -> Note:

@@ -109,9 +109,30 @@ def test_unreadable_input_and_a_missing_format_are_exit_2(tmp_path: Path, monkey
     (tmp_path / "bad.yaml").write_text("learning_rate: [\n")
     assert main(["import", "trl", "bad.yaml", "-o", "job.toml"]) == 2
     assert "bad.yaml: invalid YAML at line 2" in capsys.readouterr().err
-    _write(tmp_path / "sft.yaml", _base(tmp_path))
+    _write(tmp_path / "sft.yaml", {**_base(tmp_path), "dataset_name": "trl-lib/Capybara"})
     assert main(["import", "trl", "sft.yaml", "--task", "sft", "-o", "job.toml"]) == 2
     assert "give --format text, messages" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("record", "fmt"),
+    [
+        ({"messages": [{"role": "user", "content": "hi"}]}, "messages"),
+        ({"prompt": "a", "completion": "b"}, "prompt_completion"),
+        ({"input_ids": [1, 2, 3]}, "tokenized"),
+        ({"text": "a"}, "text"),
+    ],
+)
+def test_a_local_json_lines_files_format_is_told_as_trl_tells_it(
+    record: dict[str, Any], fmt: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without --format, the first record of a local JSON Lines file says the format, by the columns TRL asks."""
+    monkeypatch.chdir(tmp_path)
+    base = _base(tmp_path)
+    (tmp_path / "chat.jsonl").write_text(json.dumps(record) + "\n")
+    _write(tmp_path / "sft.yaml", base)
+    assert main(["import", "trl", "sft.yaml", "--task", "sft", "-o", "job.toml"]) == 0
+    assert load_job(tmp_path / "job.toml").data.format == fmt
 
 
 def test_without_deepspeed_the_job_trains_at_stage_0(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
