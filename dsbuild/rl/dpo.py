@@ -13,14 +13,14 @@ gathers them.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from ..job.rl import DPOSpec
-from .losses import dpo_loss, logits_stats, pair_logps, token_metrics, token_sums
+from .logits import Stats, by_token, logits_read
+from .losses import dpo_loss, pair_logps, token_metrics, token_sums
 
 __all__ = ["dpo_loss_fn", "precompute_reference"]
 
@@ -33,7 +33,7 @@ def dpo_loss_fn(policy: Any, reference: Any, spec: DPOSpec | None = None) -> Cal
 
     def loss_fn(_engine: Any, batch: Mapping[str, Any]) -> dict[str, Any]:
         mask = batch["completion_mask"]
-        with _logits_read(policy) as stats:
+        with logits_read(policy) as stats:
             tokens = policy.logprobs(batch, completion_mask=mask)
         chosen, rejected = pair_logps(tokens, mask, ld_alpha=spec.ld_alpha)
         if "ref_chosen_logps" in batch:
@@ -56,38 +56,17 @@ def dpo_loss_fn(policy: Any, reference: Any, spec: DPOSpec | None = None) -> Cal
     return loss_fn
 
 
-@contextlib.contextmanager
-def _logits_read(policy: Any) -> Iterator[list[tuple[torch.Tensor, ...]]]:
-    """``(entropy, mean logit, argmax)`` per position (``logits_stats``) of each forward of ``policy``'s model inside,
-    read from its output head's logits as they pass (one forward, as TRL's fused head computes them beside the
-    log-probs), in the order of the forwards; nothing for a model without an output head."""
-    stats: list[tuple[torch.Tensor, ...]] = []
-    model = getattr(policy.engine, "module", policy.engine)
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if head is None:
-        yield stats
-        return
-    handle = head.register_forward_hook(lambda _module, _inputs, logits: stats.append(logits_stats(logits)))
-    try:
-        yield stats
-    finally:
-        handle.remove()
-
-
-def _token_metrics(
-    policy: Any, batch: Mapping[str, Any], mask: torch.Tensor, stats: list[tuple[torch.Tensor, ...]]
-) -> dict[str, float]:
+def _token_metrics(policy: Any, batch: Mapping[str, Any], mask: torch.Tensor, stats: list[Stats]) -> dict[str, float]:
     """TRL's ``entropy``, ``logits/*`` and ``mean_token_accuracy`` of the batch from the policy's logits
-    (``_logits_read``), the sums over every process first (collective, as TRL's gather); none when they were not
-    read."""
+    (``logits.logits_read``), the sums over every process first (collective, as TRL's gather); none when they were
+    not read."""
     from ..session import distributed
 
     ids = batch["input_ids"]
-    if not stats or sum(s[0].shape[0] for s in stats) != ids.shape[0]:
+    laid_out = by_token(stats, ids.shape[0])
+    if laid_out is None:
         return {}
-    entropy, mean, top = (torch.cat([s[i] for s in stats]) for i in range(3))
-    # Column t is the token the logits at t - 1 predict (as the log-probs): shift right, column 0 predicted by none.
-    entropy, mean, top = (torch.nn.functional.pad(x[:, :-1], (1, 0)) for x in (entropy, mean, top))
+    entropy, mean, top = laid_out
     top1 = top == ids.to(top.device)
     sums = token_sums(entropy, mean, top1, mask.to(entropy.device))
     return token_metrics(distributed.all_sum(sums, policy.engine.device))

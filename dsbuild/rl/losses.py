@@ -37,7 +37,6 @@ __all__ = [
     "TOKEN_SUMS",
     "DPOOutput",
     "dpo_loss",
-    "logits_stats",
     "pair_logps",
     "refused",
     "sequence_logps",
@@ -91,20 +90,6 @@ def pair_logps(per_token_logps: Tensor, mask: Tensor, *, ld_alpha: float | None 
 
 
 # -- what TRL logs of the policy's logits ---------------------------------------------------------------------------
-
-
-def logits_stats(logits: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """``(entropy, mean logit, argmax)`` at each position of ``(rows, length, vocabulary)`` logits, fp32 (one row at a
-    time, so the fp32 copy is one row's): what TRL's fused head computes beside the log-probs (``entropy``,
-    ``mean_logits``; ``is_top1`` is the argmax compared with the next token), of the logits at temperature 1."""
-    entropy, mean, top = [], [], []
-    for row in logits.detach():
-        row = row.float()
-        logps = torch.log_softmax(row, dim=-1)
-        entropy.append(-(logps.exp() * logps).sum(dim=-1))
-        mean.append(row.mean(dim=-1))
-        top.append(row.argmax(dim=-1))
-    return torch.stack(entropy), torch.stack(mean), torch.stack(top)
 
 
 TOKEN_SUMS: Final = (
