@@ -432,8 +432,12 @@ def rewards_checks(c: Collector, values: dict[str, Any], path: str, table: Mappi
         if (problem := loss_weights_problem(f"{path}.weights", weights)) is not None:
             c.problems.append(problem)
         elif scored and len(weights) != scored:
-            c.problem(f"{path}.weights", f"got {len(weights)} weights for {len(models)} models and {len(functions)} "
-                      "functions", "give one weight per reward model and function, the models' first")  # fmt: skip
+            scoring = (
+                f"{len(models)} models and {len(functions)} functions" if models else f"{len(functions)} functions"
+            )
+            c.problem(f"{path}.weights", f"got {len(weights)} weights for {scoring}",
+                      "give one weight per reward model and function, the models' first" if models
+                      else "give one weight per function")  # fmt: skip
 
 
 def _reward_model(c: Collector, value: str, path: str) -> str:

@@ -76,7 +76,10 @@ def refused(job: Job) -> list[Diagnostic]:
 
     ds_config = job.config.to_dict()
     found = [Diagnostic(p.path, "error", p.message, p.hint) for p in refusals(ds_config)]
-    if not found and not missing("deepspeed"):
+    checkpoint = ds_config.get("checkpoint")
+    writer = checkpoint.get("writer") if isinstance(checkpoint, dict) else None
+    if writer is not None and not found and not missing("deepspeed"):
+        # The Session's package imports torch: only a job with a checkpoint.writer section pays for its check.
         from ..session.writers import fast_writer_refusal  # DeepSpeed's op builders: only for the fast writer
 
         reason = fast_writer_refusal(ds_config)
