@@ -160,12 +160,7 @@ def _plan(args: argparse.Namespace) -> int:
             "gradient_checkpointing": job.model.gradient_checkpointing,
             "sequence_parallel": degrees(job.config)[0],
         }
-        if job.task == "dpo" and job.dpo is not None and job.reference is not None:
-            # A micro-batch of DPO is its pairs' chosen and rejected rows, each up to [dpo] max_length tokens.
-            facts.update(seq_len=job.dpo.max_length or facts["seq_len"], reference=not job.reference.precompute,
-                         micro_batch=2 * job.training.per_device_train_batch_size)  # fmt: skip
-        if job.task == "grpo" and job.grpo is not None:  # a KL term (beta > 0) keeps a reference beside the policy
-            facts.update(reference=job.grpo.beta != 0.0)
+        facts.update(job.task_shapes())  # what the task keeps and feeds beside the policy (a reference, pairs)
         precision = _job_precision(job)
     if args.precision is not None or args.optimizer is not None:  # the flags win over the job's
         precision = attrs.evolve(

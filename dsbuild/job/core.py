@@ -174,6 +174,17 @@ class Job:
         found = [attrs.evolve(d, path=_config_path(d.path, self.strategy.overrides)) for d in found]
         return [*self._task_problems(world), *found]
 
+    def task_shapes(self) -> dict[str, Any]:
+        """What the job's task changes in ``dsbuild plan``'s facts: a DPO micro-batch is its pairs' chosen and rejected
+        rows, each up to ``[dpo] max_length`` tokens, beside a reference unless it is precomputed; a GRPO job keeps a
+        reference with a KL term (``beta`` > 0)."""
+        if self.dpo is not None and self.reference is not None:
+            return {"seq_len": self.dpo.max_length or self.data.max_length, "reference": not self.reference.precompute,
+                    "micro_batch": 2 * self.training.per_device_train_batch_size}  # fmt: skip
+        if self.grpo is not None:
+            return {"reference": self.grpo.beta != 0.0}
+        return {}
+
     def _task_problems(self, world_size: int) -> list[Diagnostic]:
         """What the task needs of the run: a GRPO job's generation batch holds whole groups at the world size the run
         will have (the reader checked the job's own ``[launch]``; an override may change it), and its reward models

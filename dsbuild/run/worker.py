@@ -43,6 +43,7 @@ from ..outputs.plot import Plotter
 from ..outputs.run_folder import RunFolder
 from ..resolve.schedule import job_steps, steps_between
 from .model import build_tokenizer, config_checked, model_source, vocab_size
+from .tasks import task_of
 
 if TYPE_CHECKING:
     from ..session.loop import Hooks as SessionHooks
@@ -88,8 +89,7 @@ def preflight(job: Job) -> Datasets | None:
     from ..data import check, load
 
     config_checked(job.model)
-    if job.task == "grpo":
-        job_functions(job)  # each function found before any process starts
+    task_of(job).check(job)  # a GRPO job's functions found before any process starts
     vocab = vocab_size(job.model)
     if job.model.tokenizer == BYTE_TOKENIZER or (job.model.tokenizer and Path(job.model.tokenizer).exists()):
         # One process (the launcher, or validate): no process group, so nothing of the Session is imported.
@@ -276,114 +276,14 @@ def prepare(job: Job, data: Datasets | None = None) -> Prepared:
         infer_batch_size=job.launch.infer_batch_size,
         data_fingerprint=data_fingerprint(job),
     )
-    collate_fn: Callable[[list[Any]], Any] = functools.partial(
+    tokens: Callable[[list[Any]], Any] = functools.partial(
         collate,
         pad_token_id=pad or 0,
         padding_free=job.data.padding_free,
         pad_to_multiple_of=session.sequence_parallel_size,  # each sequence cut into that many shards
     )
-    if job.task == "grpo":
-        collate_fn = list  # records: the rollout makes the tensors (dsbuild.rl.rollouts)
-    if job.task == "dpo":
-        assert job.dpo is not None
-        from ..data.preference import collate_pairs
-
-        collate_fn = functools.partial(collate_pairs, pad_token_id=pad or 0, max_length=job.dpo.max_length,
-                                       truncation_mode=job.dpo.truncation_mode)  # fmt: skip
+    collate_fn = task_of(job).collate(job, pad or 0, tokens)
     return Prepared(session, train, evaluation, collate_fn, total, note)
-
-
-def dpo_parts(job: Job, ready: Prepared, say: Callable[[str], None]) -> tuple[Prepared, Any]:
-    """A DPO job's ``loss_fn``, its reference built beside the policy (``[reference]``); with ``precompute`` every
-    pair scored by the reference first (then the pairs carry their reference log-probs and no reference is kept)."""
-    from ..rl.dpo import dpo_loss_fn, precompute_reference
-
-    assert job.reference is not None and job.dpo is not None
-    session = ready.session
-    reference = session.reference(
-        job.reference.path, offload=job.reference.offload, disable_dropout=job.dpo.disable_dropout
-    )
-    if not job.reference.precompute:
-        return ready, dpo_loss_fn(session, reference, job.dpo)
-    say(f"scoring {len(ready.train)} pairs under the reference (reference.precompute)")
-    size = job.dpo.precompute_ref_batch_size or session.infer_batch_size
-    train = precompute_reference(reference, ready.train, ready.collate_fn, size, job.dpo)
-    evaluation = (
-        precompute_reference(reference, ready.evaluation, ready.collate_fn, size, job.dpo)
-        if ready.evaluation is not None else None
-    )  # fmt: skip
-    del reference
-    return attrs.evolve(ready, train=train, evaluation=evaluation), dpo_loss_fn(session, None, job.dpo)
-
-
-Named = tuple[str, Callable[..., Any]]
-"""A function a job names, with the name it is reported by (``module:function``)."""
-
-
-def job_functions(job: Job) -> dict[str, list[Named]]:
-    """A GRPO job's functions by table key: ``"rewards"`` (each reward function), ``"rollout"`` and
-    ``"weight_sink"`` (none or one each), imported from the job file's folder first (``job.functions.load_function``:
-    a job file that names a function runs that code). One ``ConfigError`` naming every one that cannot be found."""
-    from ..errors import ConfigError
-    from ..job.functions import load_function
-
-    assert job.rewards is not None and job.rollout is not None
-    base = Path(job.source).resolve().parent if job.source else None
-    wanted = [("rewards", ref, f"rewards.functions[{i}]") for i, ref in enumerate(job.rewards.functions)]
-    for name in ("function", "weight_sink"):
-        ref = getattr(job.rollout, name)
-        wanted += [("rollout" if name == "function" else name, ref, f"rollout.{name}")] if ref else []
-    found: dict[str, list[Named]] = {"rewards": [], "rollout": [], "weight_sink": []}
-    problems: list[Any] = []
-    for table, ref, key in wanted:
-        try:
-            found[table].append((ref, load_function(ref, base_dir=base, key=key)))
-        except ConfigError as e:
-            problems.extend(e.problems)
-    if problems:
-        raise ConfigError(problems, checks=True)
-    return found
-
-
-def grpo_parts(job: Job, ready: Prepared) -> tuple[Any, Any]:
-    """A GRPO job's data loader (TRL's prompt order, this process's share: ``GenerationSampler``) and its steps
-    (``GRPOSteps``: the rollout of each optimizer step and the loss of each micro-batch), the reference built beside
-    the policy when ``beta`` > 0."""
-    from torch.utils.data import DataLoader
-
-    from ..rl.reward_models import reward_model
-    from ..rl.rollouts import GenerationSampler, GRPOSteps
-
-    assert job.grpo is not None and job.rewards is not None
-    session = ready.session
-    functions = job_functions(job)
-    reference = None
-    if job.grpo.beta != 0.0:
-        where = job.reference
-        reference = session.reference(where.path if where else None, offload=bool(where and where.offload),
-                                      disable_dropout=False)  # fmt: skip
-    sampler = GenerationSampler(len(ready.train), job.grpo, per_device=session.micro_batch_size,
-                                accumulation=session.gradient_accumulation_steps, world_size=session.world_size,
-                                rank=session.rank, seed=job.training.seed)  # fmt: skip
-    loader: DataLoader[Any] = DataLoader(ready.train, batch_size=sampler.batch_size,  # type: ignore[arg-type]
-                                         sampler=sampler, collate_fn=list)  # fmt: skip
-    # The reward models first: under ZeRO-3 their forward is collective, and no function can have failed before it.
-    models = [reward_model(session, path, offload=job.rewards.offload_models) for path in job.rewards.models]
-    steps = GRPOSteps(session, job.grpo, [*models, *functions["rewards"]], weights=job.rewards.weights, reference=reference,
-                      rollout=next(iter(functions["rollout"]), None), weight_sink=next(iter(functions["weight_sink"]), None))  # fmt: skip
-    return loader, steps
-
-
-def _task_parts(job: Job, ready: Prepared, say: Callable[[str], None]) -> tuple[Prepared, Any, Any, Any]:
-    """What ``fit`` trains on for the job's task: ``(ready, data, loss_fn, rollout)`` (an SFT job: its samples, the
-    model's loss; a DPO job's samples may carry the reference's log-probs)."""
-    if job.task == "dpo":
-        ready, loss_fn = dpo_parts(job, ready, say)
-        return ready, ready.train, loss_fn, None
-    if job.task == "grpo":
-        loader, steps = grpo_parts(job, ready)
-        return ready, loader, steps.loss_fn, steps
-    return ready, ready.train, None, None
 
 
 def _run(job: Job, *, resume: bool, tag: str | None, terminate_on_nan: bool, data: Datasets | None, hooks: Hooks,
@@ -449,7 +349,7 @@ def _run(job: Job, *, resume: bool, tag: str | None, terminate_on_nan: bool, dat
     eval_steps = steps_between(training.eval_steps, ready.total_steps) if training.eval_steps else None
     by_steps = ready.evaluation is not None and training.eval_strategy != "epoch"  # "epoch": fit evaluates at each end
     eval_every = (eval_steps or save_every or None) if by_steps else None
-    ready, train, loss_fn, rollout = _task_parts(job, ready, say)
+    ready, train, loss_fn, rollout = task_of(job).parts(job, ready, say)
     session.fit(train, eval_data=ready.evaluation, eval_every=eval_every, collate_fn=ready.collate_fn,
                 loss_fn=loss_fn, rollout=rollout)  # fmt: skip
     lora = job.model.lora
@@ -507,10 +407,10 @@ def summary_lines(job: Job) -> list[str]:
     records = read_history(folder.history) if folder.history.is_file() else []
     train = [r for r in records if r.get("loss") is not None]
     evaluation = [r for r in records if r.get("eval_loss") is not None]
+    rewarded = [r for r in records if r.get("reward") is not None]  # GRPO: the loss says little
     if train:
         first, last = train[0], train[-1]
         text = f"loss {first['loss']:.3f} at step {first['step']} -> {last['loss']:.3f} at step {last['step']}"
-        rewarded = [r for r in records if r.get("reward") is not None]  # GRPO: the loss says little
         if rewarded:
             a, b = rewarded[0], rewarded[-1]
             text += f"; mean reward {a['reward']:.3f} at step {a['step']} -> {b['reward']:.3f} at step {b['step']}"
@@ -531,7 +431,7 @@ def summary_lines(job: Job) -> list[str]:
         ("checkpoints", folder.checkpoints, f"latest: {latest}" if latest else "none saved"),
         ("model", folder.model, model),
         ("metrics", folder.logs, "; ".join([*_monitors(folder.ds_config), folder.history.name])),
-        ("loss plot", folder.loss_plot, "the mean reward beside the loss" if job.task == "grpo" else ""),
+        ("loss plot", folder.loss_plot, "the mean reward beside the loss" if rewarded else ""),
     ]
     if folder.completions.is_file():
         rows.append(("completions", folder.completions, "each logged completion, its rewards and advantage"))

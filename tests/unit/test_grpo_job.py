@@ -241,7 +241,7 @@ def test_the_functions_a_job_names_are_found_or_named(tmp_path: Path) -> None:
 def test_the_preflight_names_every_function_that_cannot_be_found(tmp_path: Path) -> None:
     """Before any process starts (``dsbuild validate``, ``dsbuild train``), every function the job names is looked
     up and each one missing is reported, together."""
-    from dsbuild.run.worker import job_functions
+    from dsbuild.run.tasks.grpo import job_functions
 
     text = GRPO.replace('["my_rewards:length"]', '["my_rewards:length", "my_rewards:nope", "gone:f"]')
     text += '    [rollout]\n    backend = "function"\n    function = "my_rewards:broken"\n'
@@ -346,7 +346,7 @@ def test_reward_functions_get_trls_arguments() -> None:
 def test_a_reward_function_whose_signature_trl_cannot_call_fails_validate(tmp_path: Path) -> None:
     """Before any process starts, a reward function that does not take TRL's keyword arguments (no ``**kwargs``) is
     named by its ``[rewards] functions`` entry; an ``async def`` one is fine."""
-    from dsbuild.run.worker import job_functions
+    from dsbuild.run.tasks.grpo import job_functions
 
     text = GRPO.replace('["my_rewards:length"]', '["sig_rewards:judged", "sig_rewards:narrow"]')
     job = load_job(_write(tmp_path, text))
