@@ -300,3 +300,67 @@ def test_every_field_of_trls_dataclasses_has_a_rule(task: str, tmp_path: Path) -
     caught = [n.key for n in imported.notes if n.why in (NOT_READ, f"not a key of a {task} job")]
     assert caught == []
     assert {n.key for n in imported.notes} == set(config)  # and every key is said
+
+
+_RL_KEYS = {
+    "dpo": {
+        "beta": st.sampled_from([0.1, 0.5]),
+        "loss_type": st.sampled_from([["sigmoid"], ["ipo"], ["sigmoid", "sft"]]),
+        "label_smoothing": st.sampled_from([0.0, 0.1]),
+        "max_length": st.sampled_from([256, 1024]),
+        "truncation_mode": st.sampled_from(["keep_start", "keep_end"]),
+        "disable_dropout": st.booleans(),
+        "precompute_ref_log_probs": st.booleans(),
+        "learning_rate": st.sampled_from(["5e-7", 1e-6]),
+    },
+    "grpo": {
+        "num_generations": st.sampled_from([2, 4]),
+        "max_completion_length": st.sampled_from([64, 256]),
+        "temperature": st.sampled_from([0.7, 1.0]),
+        "top_p": st.sampled_from([0.9, 1.0]),
+        "beta": st.sampled_from([0.0, 0.04]),
+        "epsilon": st.sampled_from([0.2, 0.3]),
+        "loss_type": st.sampled_from(["grpo", "dapo", "dr_grpo"]),
+        "scale_rewards": st.sampled_from(["group", "batch", "none"]),
+        "mask_truncated_completions": st.booleans(),
+        "reward_weights": st.sampled_from([None, [0.5]]),
+    },
+}
+
+
+@st.composite
+def _rl_config(draw: st.DrawFn, task: str) -> dict[str, Any]:
+    keys = draw(st.lists(st.sampled_from(sorted(_RL_KEYS[task])), unique=True))
+    config = {**SFT, "per_device_train_batch_size": 8, **{key: draw(_RL_KEYS[task][key]) for key in keys}}
+    if task == "grpo":
+        config["reward_funcs"] = ["my_rewards.length"]
+    return config
+
+
+@pytest.mark.parametrize("task", ["dpo", "grpo"])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_generated_dpo_and_grpo_keys_are_what_trl_runs(task: str, data: st.DataObject, tmp_path: Path) -> None:
+    """The job's [dpo] / [grpo] (and [reference] precompute, [rewards] weights) read back as the spec of the
+    DPOConfig / GRPOConfig TRL builds from the same generated YAML; every key said."""
+    from trl.scripts import dpo, grpo
+
+    from dsbuild.job.rl import DPOSpec, GRPOSpec
+
+    config = data.draw(_rl_config(task))
+    imported = import_job(trl_arguments(task, config, "trl.yaml"), None, cwd=tmp_path)
+    assert {n.key for n in imported.notes} == set(config)
+    parser = {"dpo": dpo, "grpo": grpo}[task].make_parser()
+    parser.set_defaults_with_config(**config, use_cpu=True)
+    _, trainer, _, _ = parser.parse_args_into_dataclasses(args=[])
+    spec = {"dpo": DPOSpec, "grpo": GRPOSpec}[task]
+    table = dict(imported.job[task])
+    if task == "dpo":
+        assert imported.job.get("reference", {}).get("precompute", False) == trainer.precompute_ref_log_probs
+        table["precompute_ref_log_probs"] = trainer.precompute_ref_log_probs  # a job's [reference] precompute
+    else:
+        assert imported.job["rewards"].get("weights") == trainer.reward_weights
+        # GRPOConfig fills an unset steps_per_generation with the accumulation, as a job reads an unset one
+        table.setdefault("steps_per_generation", trainer.gradient_accumulation_steps)
+    assert spec.from_trl(table) == spec.from_trl(trainer)
+    assert imported.job["training"].get("learning_rate", 5e-5) == trainer.learning_rate
