@@ -9,6 +9,15 @@ both trainers do the same work and differ only in how they do it. TRL is launche
 are taken within the same session. Peak memory is the largest process of each run's tree (`ru_maxrss`).
 
     .venv/bin/python benchmarks/bench_grpo.py --rounds 5 [--json benchmarks/results/grpo.json]
+
+With ``--sampling`` both sample instead (issue 42): dsbuild's policy generates under ZeRO-3 (``rollout.backend =
+"hf"``, the model gathered whole on the rank to generate, ``ds3_gather_for_generation``'s default), TRL's
+``GRPOTrainer`` without a ``rollout_func`` (its own ``generate`` under DeepSpeed ZeRO-3, the same default); the same
+``max_completion_length`` (32), temperature 1, top-p 1. The completions differ (each samples its own), but a tiny
+random model almost never samples EOS (1 in 384 per token), so both generate nearly every completion to its full
+length: the same work within a few tokens.
+
+    .venv/bin/python benchmarks/bench_grpo.py --sampling --rounds 5 [--json benchmarks/results/grpo_sampling.json]
 """
 
 from __future__ import annotations
@@ -117,12 +126,16 @@ GRPOTrainer(model=model, reward_funcs=[bench_functions.reward], args=args, proce
 """
 
 
-def setup(root: Path) -> None:
+def setup(root: Path, *, sampling: bool = False) -> None:
     model_toml = "\n".join(f"{k} = {json.dumps(v)}" for k, v in MODEL.items())
-    (root / "job.toml").write_text(JOB.format(model=model_toml, steps=STEPS))
+    job, script = JOB.format(model=model_toml, steps=STEPS), TRL_SCRIPT.format(model=repr(MODEL), steps=STEPS)
+    if sampling:  # each samples its own completions: the policy's generate, under ZeRO-3
+        job = job.replace('backend = "function"\nfunction = "bench_functions:complete"', 'backend = "hf"')
+        script = script.replace(", rollout_func=bench_functions.trl_rollout(tokenizer)", "")
+    (root / "job.toml").write_text(job)
     (root / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
     (root / "bench_functions.py").write_text(FUNCTIONS)
-    (root / "trl_train.py").write_text(TRL_SCRIPT.format(model=repr(MODEL), steps=STEPS))
+    (root / "trl_train.py").write_text(script)
     dsbuild = str(Path(sys.executable).with_name("dsbuild"))
     subprocess.run(
         [dsbuild, "export", str(root / "job.toml"), "--for", "hf", "-o", str(root / "ds_config.json")], check=True
@@ -147,9 +160,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", type=Path, help="write the samples and medians here")
+    parser.add_argument("--sampling", action="store_true", help="both sample their completions (the policy's generate)")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench_grpo_"))
-    setup(root)
+    setup(root, sampling=args.sampling)
     runs = whole_runs(root, args.rounds)
     medians = runs["medians"]
     ds, trl = medians["dsbuild train"], medians["TRL GRPOTrainer (torchrun)"]
