@@ -5,12 +5,18 @@ manifest holds the files DeepSpeed's writer wrote, hashed once written."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 from _runs import stopped_after
-from test_train import dsbuild, ok, sets, train_on_two_nodes, train_records
+from test_train import dsbuild, fresh_env, ok, sets, train_on_two_nodes, train_records
 
 from dsbuild.cli import main
 from dsbuild.outputs import manifest
@@ -119,3 +125,31 @@ def test_what_this_machine_cannot_run_is_refused_before_launch(
     assert code == 1, err
     assert f"{key}: {says}" in err and "dsbuild: error: not started: 1 error" in err
     assert not out.exists()
+
+
+@pytest.mark.procs
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_ctrl_c_to_the_whole_process_group_saves_through_the_decoupled_writer(tmp_path: Path, nproc: int) -> None:
+    """A terminal's Ctrl-C reaches every process of its group, the decoupled writer's too: the writer lives on to
+    write the stop's agreed checkpoint (exit 75, verified), instead of dying with a KeyboardInterrupt first."""
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "dsbuild", "train", "--nproc-per-node", str(nproc), *DECOUPLED,
+               *sets(max_steps=5000, save_steps=5000, logging_steps=1, output_dir=str(out))]  # fmt: skip
+    child = subprocess.Popen(command, cwd=tmp_path, env=fresh_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and child.poll() is None:
+            history = out / "history.jsonl"
+            if history.is_file() and len(train_records(read_history(history))) >= 3:
+                break
+            time.sleep(0.2)
+        os.killpg(child.pid, signal.SIGINT)  # what a terminal sends on Ctrl-C: every process of its group
+        stdout, stderr = child.communicate(timeout=300)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+    assert child.returncode == 75, stdout[-2000:] + stderr[-4000:]
+    tags = [p.name for p in (out / "checkpoints").glob("global_step*")]
+    assert len(tags) == 1, tags
+    _verified(out, tags[0])

@@ -113,3 +113,30 @@ def test_the_decoupled_writer_is_spawned_and_the_start_method_put_back() -> None
     assert multiprocessing.get_start_method(allow_none=True) == before
     with spawning(_config(type="python")):
         assert multiprocessing.get_start_method(allow_none=True) == before
+
+
+@pytest.mark.train
+@pytest.mark.procs
+def test_the_decoupled_writer_ignores_the_stop_signals_and_the_rank_does_not() -> None:
+    """A process started inside ignores SIGINT, SIGTERM and SIGUSR1 (a Ctrl-C to the group must not kill the writer
+    of the stop's save); the rank's own handlers are back once it has started."""
+    import signal
+
+    from dsbuild.session.writers import spawning
+
+    mine = signal.getsignal(signal.SIGTERM)
+    with spawning(_config(decoupled=True, type="python")):
+        ctx = multiprocessing.get_context()
+        queue = ctx.SimpleQueue()
+        child = ctx.Process(target=_report_signals, args=(queue,))
+        child.start()
+        seen = queue.get()
+        child.join(timeout=60)
+    assert seen == [int(signal.SIG_IGN)] * 3
+    assert signal.getsignal(signal.SIGTERM) is mine
+
+
+def _report_signals(queue: Any) -> None:
+    import signal
+
+    queue.put([int(signal.getsignal(s)) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)])  # type: ignore[arg-type]
