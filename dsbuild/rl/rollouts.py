@@ -15,7 +15,7 @@ them (``grpo_loss``), with TRL's metrics.
 Differences from TRL, each said where it is made: a generation batch is cut into micro-batches in order (TRL shuffles
 it first with the global RNG: a loss summed over the step, ``dapo``'s default among them, is the same either way when
 a generation is one step); ``trainer_state`` is a ``TrainerState`` with the run's ``global_step`` and ``max_steps``
-only, and what ``log_extra`` is given is dropped (TRL adds it to ``log_completions``' table); no ``entropy`` is logged; a
+only, and what ``log_extra`` is given is dropped (TRL adds it to ``log_completions``' table); a
 checkpoint inside a generation batch's steps keeps the batch, so a resume trains on it (TRL generates a new one). The
 reward calls are ``dsbuild.rl.rewards``.
 """
@@ -405,7 +405,8 @@ class GRPOSteps:
         or normalised over the generation batch, so the loss here is TRL's times the accumulation steps."""
         spec, session = self.spec, self.session
         mask = batch["completion_mask"]
-        logps = session.logprobs(batch, completion_mask=mask, temperature=spec.temperature)
+        with logits_entropies(session, spec.temperature) as seen:
+            logps = session.logprobs(batch, completion_mask=mask, temperature=spec.temperature)
         out = grpo_loss(
             logps, batch.get("old_logps"), batch["advantages"], mask.float(), ref_per_token_logps=batch.get("ref_logps"),
             beta=spec.beta, epsilon_low=spec.epsilon_low, epsilon_high=spec.upper_epsilon, delta=spec.delta,
@@ -417,7 +418,50 @@ class GRPOSteps:
             gradient_accumulation_steps=1, num_items_in_batch=batch["num_items_in_batch"],
             num_processes=session.world_size, steps_per_generation=self.steps_per_generation,
         )  # fmt: skip
-        return {"loss": out.loss, **out.metrics(), **batch["metrics"]}
+        return {"loss": out.loss, **out.metrics(), **entropy(seen, mask, session.engine.device), **batch["metrics"]}
+
+
+@contextlib.contextmanager
+def logits_entropies(session: Any, temperature: float) -> Iterator[list[torch.Tensor]]:
+    """The entropy at each position of the logits ÷ ``temperature`` (TRL's ``entropy_from_logits``) of each forward
+    of the session's model inside, read from its output head's logits as they pass (the forward that scores the
+    log-probs: none more), in the order of the forwards; nothing for a model without an output head."""
+    seen: list[torch.Tensor] = []
+    model = getattr(session.engine, "module", session.engine)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is None:
+        yield seen
+        return
+
+    def read(_module: Any, _inputs: Any, logits: torch.Tensor) -> None:
+        with torch.no_grad():
+            logps = torch.log_softmax(logits.detach().float() / temperature, dim=-1)
+            seen.append(-(logps.exp() * logps).sum(dim=-1))
+
+    handle = head.register_forward_hook(read)
+    try:
+        yield seen
+    finally:
+        handle.remove()
+
+
+def by_token(seen: list[torch.Tensor], rows: int) -> torch.Tensor | None:
+    """``logits_entropies``' entropies as the log-probs lay out their columns (column t: the logits at t - 1 that
+    predict token t; column 0 predicted by none); ``None`` when the forwards read were not the batch's rows."""
+    if not seen or sum(s.shape[0] for s in seen) != rows:
+        return None
+    return torch.nn.functional.pad(torch.cat(seen)[:, :-1], (1, 0))
+
+
+def entropy(seen: list[torch.Tensor], mask: torch.Tensor, device: Any) -> dict[str, float]:
+    """TRL's ``entropy`` of a micro-batch: the mean over the completion tokens of every process (its
+    ``global_masked_mean``; collective), none when the logits were not read."""
+    entropies = by_token(seen, mask.shape[0])
+    if entropies is None:
+        return {}
+    m = mask.to(entropies.device).float()
+    total, count = distributed.all_sum([float((entropies * m).sum()), float(m.sum())], device)
+    return {"entropy": total / max(count, 1.0)}
 
 
 def failed(session: Any, rank: int, failure: tuple[str, str]) -> FunctionError:

@@ -39,7 +39,8 @@ NAMES = ("loss", "grad_norm", "kl", "reward", "reward_std", "frac_reward_zero_st
          "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/low_min", "clip_ratio/high_max",
          "completions/mean_length", "completions/min_length", "completions/max_length", "completions/clipped_ratio",
          "completions/mean_terminated_length", "completions/min_terminated_length",
-         "completions/max_terminated_length", "num_tokens", "rewards/reward/mean", "rewards/reward/std")  # fmt: skip
+         "completions/max_terminated_length", "num_tokens", "entropy", "rewards/reward/mean",
+         "rewards/reward/std")  # fmt: skip
 
 
 def _gathered(model: Any) -> dict[str, torch.Tensor]:
