@@ -37,6 +37,7 @@ from ..session import distributed
 from .buffer import Generation
 from .completions import CompletionLog
 from .grpo import advantages_and_std, grpo_loss, nanstd
+from .logits import Stats, by_token, logits_read
 from .rewards import EventLoop, Failure, RewardFunction, score
 
 __all__ = ["GRPOSteps", "GenerationSampler", "RewardFunction", "prompt_order"]
@@ -405,7 +406,7 @@ class GRPOSteps:
         or normalised over the generation batch, so the loss here is TRL's times the accumulation steps."""
         spec, session = self.spec, self.session
         mask = batch["completion_mask"]
-        with logits_entropies(session, spec.temperature) as seen:
+        with logits_read(session, spec.temperature) as seen:
             logps = session.logprobs(batch, completion_mask=mask, temperature=spec.temperature)
         out = grpo_loss(
             logps, batch.get("old_logps"), batch["advantages"], mask.float(), ref_per_token_logps=batch.get("ref_logps"),
@@ -421,44 +422,13 @@ class GRPOSteps:
         return {"loss": out.loss, **out.metrics(), **entropy(seen, mask, session.engine.device), **batch["metrics"]}
 
 
-@contextlib.contextmanager
-def logits_entropies(session: Any, temperature: float) -> Iterator[list[torch.Tensor]]:
-    """The entropy at each position of the logits ÷ ``temperature`` (TRL's ``entropy_from_logits``) of each forward
-    of the session's model inside, read from its output head's logits as they pass (the forward that scores the
-    log-probs: none more), in the order of the forwards; nothing for a model without an output head."""
-    seen: list[torch.Tensor] = []
-    model = getattr(session.engine, "module", session.engine)
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if head is None:
-        yield seen
-        return
-
-    def read(_module: Any, _inputs: Any, logits: torch.Tensor) -> None:
-        with torch.no_grad():
-            logps = torch.log_softmax(logits.detach().float() / temperature, dim=-1)
-            seen.append(-(logps.exp() * logps).sum(dim=-1))
-
-    handle = head.register_forward_hook(read)
-    try:
-        yield seen
-    finally:
-        handle.remove()
-
-
-def by_token(seen: list[torch.Tensor], rows: int) -> torch.Tensor | None:
-    """``logits_entropies``' entropies as the log-probs lay out their columns (column t: the logits at t - 1 that
-    predict token t; column 0 predicted by none); ``None`` when the forwards read were not the batch's rows."""
-    if not seen or sum(s.shape[0] for s in seen) != rows:
-        return None
-    return torch.nn.functional.pad(torch.cat(seen)[:, :-1], (1, 0))
-
-
-def entropy(seen: list[torch.Tensor], mask: torch.Tensor, device: Any) -> dict[str, float]:
+def entropy(seen: list[Stats], mask: torch.Tensor, device: Any) -> dict[str, float]:
     """TRL's ``entropy`` of a micro-batch: the mean over the completion tokens of every process (its
     ``global_masked_mean``; collective), none when the logits were not read."""
-    entropies = by_token(seen, mask.shape[0])
-    if entropies is None:
+    stats = by_token(seen, mask.shape[0])
+    if stats is None:
         return {}
+    entropies = stats[0]
     m = mask.to(entropies.device).float()
     total, count = distributed.all_sum([float((entropies * m).sum()), float(m.sum())], device)
     return {"entropy": total / max(count, 1.0)}
