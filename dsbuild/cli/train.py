@@ -167,8 +167,10 @@ def _failed_here(e: DsbuildError, output_dir: Path) -> None:
     report(e)
     frames(e)
     log = RunFolder(output_dir).failure_log
+    if not output_dir.is_dir():
+        return  # refused before the run made its folder: nothing ran, and no folder is made for a log
     try:
-        log.parent.mkdir(parents=True, exist_ok=True)
+        log.parent.mkdir(exist_ok=True)
         with log.open("a", encoding="utf-8") as f:
             f.write(f"== {time.strftime('%Y-%m-%d %H:%M:%S')}\n{full_traceback(e)}")
     except OSError:
