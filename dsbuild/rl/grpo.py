@@ -107,14 +107,34 @@ class GRPOOutput:
     per_token_kl: Tensor | None
     """The k3 KL per token (times the ratio with ``use_bias_correction_kl``), or ``None`` with ``beta = 0``."""
     stats: Mapping[str, Tensor]
-    """TRL's logged values by its names, as 0-dim tensors (``metrics`` turns them into numbers)."""
+    """TRL's logged values by its names, this process's (``metrics`` turns them into numbers): a mean as its sum and
+    count (a 2-vector: TRL's ``global_masked_mean`` sums both over the processes), an extreme as a 0-dim tensor."""
 
-    def metrics(self) -> dict[str, float]:
+    def metrics(self, *, over_processes: bool = False) -> dict[str, float]:
         """What ``GRPOTrainer._compute_loss`` logs (grpo_trainer.py:3253-3290), by its names: ``kl`` (when
         ``beta`` > 0), ``entropy`` (when given), ``clip_ratio/low_mean``, ``clip_ratio/low_min``,
         ``clip_ratio/high_mean``, ``clip_ratio/high_max``, ``clip_ratio/region_mean`` (the clipped losses),
-        ``cispo_clip_ratio``, ``vespo/phi_seq_mean``; on one process the same values (TRL reduces across processes)."""
-        return {name: value.item() for name, value in self.stats.items()}
+        ``cispo_clip_ratio``, ``vespo/phi_seq_mean``. Of this process's tokens, or with ``over_processes`` (a
+        collective) as TRL logs them: each mean over every process's tokens, each extreme over every process's
+        sequences."""
+        means = sorted(name for name, value in self.stats.items() if value.dim() == 1)
+        extremes = sorted(name for name in self.stats if name not in means)
+        totals = [float(v) for name in means for v in self.stats[name].tolist()]
+        ends = [float(self.stats[name]) for name in extremes]
+        if over_processes:
+            from ..session import distributed
+
+            totals = distributed.all_sum(totals, self.loss.device)
+            ends = [_nan_pick([each[i] for each in distributed.all_objects(ends)], name)
+                    for i, name in enumerate(extremes)]  # fmt: skip
+        found = {name: totals[2 * i] / max(totals[2 * i + 1], 1.0) for i, name in enumerate(means)}
+        return {**found, **dict(zip(extremes, ends, strict=True))}
+
+
+def _nan_pick(values: list[float], name: str) -> float:
+    """TRL's ``nanmin`` / ``nanmax`` (``*_min`` / ``*_max``) of the processes' extremes: NaN when all are."""
+    seen = [v for v in values if not math.isnan(v)]
+    return (min(seen) if name.endswith("_min") else max(seen)) if seen else math.nan
 
 
 def _check_grpo(
@@ -219,13 +239,12 @@ def _aggregate(
 
 
 def _masked_mean(x: Tensor, mask: Tensor) -> Tensor:
-    """TRL's ``global_masked_mean`` on one process (grpo_trainer.py:3259-3265)."""
+    """The sum and count of TRL's ``global_masked_mean`` on this process (grpo_trainer.py:3259-3265)."""
     if x.shape[1] == 1:
         local_sum, local_count = x.sum(), torch.tensor(float(x.shape[0]), device=x.device)
     else:
         local_sum, local_count = (x * mask).sum(), mask.sum().float()
-    totals = torch.stack([local_sum, local_count])
-    return totals[0] / totals[1].clamp(min=1.0)
+    return torch.stack([local_sum, local_count.to(local_sum.dtype)])
 
 
 def _seq_mean(x: Tensor, mask: Tensor) -> Tensor:

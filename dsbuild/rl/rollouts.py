@@ -419,7 +419,8 @@ class GRPOSteps:
             gradient_accumulation_steps=1, num_items_in_batch=batch["num_items_in_batch"],
             num_processes=session.world_size, steps_per_generation=self.steps_per_generation,
         )  # fmt: skip
-        return {"loss": out.loss, **out.metrics(), **entropy(seen, mask, session.engine.device), **batch["metrics"]}
+        metrics = out.metrics(over_processes=True)  # TRL's: each over every process's tokens (collective)
+        return {"loss": out.loss, **metrics, **entropy(seen, mask, session.engine.device), **batch["metrics"]}
 
 
 def entropy(seen: list[Stats], mask: torch.Tensor, device: Any) -> dict[str, float]:

@@ -252,8 +252,11 @@ VESPO = {"k_pos": 2.0, "lambda_pos": 3.0, "k_neg": 3.0, "lambda_neg": 2.0}
 """GRPOConfig's VESPO defaults."""
 
 
-def _trl_grpo(case: dict[str, Any], leaf: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-    """TRL's ``GRPOTrainer._compute_loss`` (its ``self`` holds what it reads; the policy's forward gives ``leaf``)."""
+def _trl_grpo(
+    case: dict[str, Any], leaf: torch.Tensor, accelerator: Any = None
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """TRL's ``GRPOTrainer._compute_loss`` (its ``self`` holds what it reads; the policy's forward gives ``leaf``;
+    ``accelerator``: what reduces and gathers over the processes, one process's by default)."""
     rows, length = case["mask"].shape
     trainer = SimpleNamespace(
         _get_per_token_logps_and_entropies=lambda *_, **__: (leaf, case["entropies"], None),
@@ -270,9 +273,8 @@ def _trl_grpo(case: dict[str, Any], leaf: torch.Tensor) -> tuple[torch.Tensor, d
         model=SimpleNamespace(training=True),
         current_gradient_accumulation_steps=case["gradient_accumulation_steps"],
         max_completion_length=case["max_completion_length"],
-        accelerator=SimpleNamespace(
-            num_processes=case["num_processes"], reduce=lambda t, reduction: t, gather=lambda t: t
-        ),
+        accelerator=accelerator
+        or SimpleNamespace(num_processes=case["num_processes"], reduce=lambda t, reduction: t, gather=lambda t: t),
         args=SimpleNamespace(
             use_bias_correction_kl=case["use_bias_correction_kl"],
             delta=case["delta"],
