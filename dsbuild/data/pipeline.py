@@ -353,6 +353,10 @@ def load(
     Raises ``ConfigError`` for a bad record (named by file and line) and for data of which no sample has a token to
     train on (with the lengths it saw).
     """
+    if isinstance(spec, Job) and spec.task == "reward":
+        from .preference import load_reward_data
+
+        return Datasets(*load_reward_data(spec.data, tokenizer, spec.reward))
     if (isinstance(spec, Job) and spec.task == "dpo") or (isinstance(spec, DataSpec) and spec.format == "preference"):
         from .preference import load_data
 

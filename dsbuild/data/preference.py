@@ -1,4 +1,5 @@
-"""Preference data for DPO, as TRL 1.16's ``DPOTrainer`` prepares it: records checked, tokenized and collated.
+"""Preference data for DPO and reward modelling, as TRL 1.16's ``DPOTrainer`` and ``RewardTrainer`` prepare it:
+records checked, tokenized and collated.
 
 A record (TRL's preference format) has ``chosen`` and ``rejected`` and, usually, ``prompt``: all three strings
 (standard) or all three lists of ``{"role", "content"}`` messages (conversational). Without ``prompt`` the prompt is
@@ -14,6 +15,12 @@ alone fills ``max_length`` is dropped (nothing of the completions would be left 
 Collating (``collate_pairs``, TRL's ``DataCollatorForPreference``): the batch is ``[chosen rows; rejected rows]``,
 ``prompt + completion`` each, truncated to ``max_length`` by ``truncation_mode``, right-padded, with an
 ``attention_mask`` and a ``completion_mask``.
+
+A reward job's pairs (``load_reward_data``, TRL's ``RewardTrainer._prepare_dataset``) are the same tokens joined:
+``chosen_ids`` is all of ``prompt + chosen`` (its EOS, or its chat template's rendering), ``rejected_ids`` the same;
+a pair either of whose sequences is longer than ``[reward] max_length`` is left out, not cut. A record's ``margin``
+(a number) is carried; ``collate_scored_pairs`` (TRL's ``DataCollatorForPreference`` of the reward trainer) pads
+``[chosen rows; rejected rows]`` on the right, with the margins beside them.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from ..errors import ConfigError, Problem
 from ..job.formats import FIELDS as FORMAT_FIELDS
-from ..job.rl import TRUNCATION_MODES, DPOSpec
+from ..job.rl import TRUNCATION_MODES, DPOSpec, RewardSpec
 from .records import NOTHING_TO_LEARN, Record, iter_records, read_checked
 from .tokens import chat_template_for, common_prefix_length, template_key
 
@@ -37,9 +44,12 @@ __all__ = [
     "check_data",
     "check_pair",
     "collate_pairs",
+    "collate_scored_pairs",
     "extract_prompt",
     "load_data",
+    "load_reward_data",
     "read_pairs",
+    "score_pairs",
     "tokenize_pair",
     "tokenize_pairs",
 ]
@@ -76,7 +86,11 @@ def check_pair(record: Any) -> tuple[Record | None, str | None]:
         return None, "mixes text and messages: prompt, chosen and rejected are all strings or all lists of messages"
     if kinds.get("chosen") == "messages" and (not record["chosen"] or not record["rejected"]):
         return None, f"chosen or rejected is an empty list of messages {NOTHING_TO_LEARN}"
-    return {name: record[name] for name in present}, None
+    margin = record.get("margin")
+    if "margin" in record and (isinstance(margin, bool) or not isinstance(margin, (int, float))):
+        return None, f"margin is {type(margin).__name__}, expected a number (a reward job's margin of the pair)"
+    kept = {name: record[name] for name in present}
+    return (kept if margin is None else {**kept, "margin": float(margin)}), None
 
 
 def read_pairs(path: str | Path) -> list[Record]:
@@ -243,3 +257,78 @@ def load_data(spec: DataSpec, tokenizer: Any, dpo: DPOSpec | None = None) -> tup
     train = tokenized(spec.path, "data.path", "training")
     evaluation = tokenized(spec.eval_path, "data.eval_path", "evaluation") if spec.eval_path is not None else None
     return train, evaluation, "; ".join(notes)
+
+
+def _scored(pair: Mapping[str, Any], record: Mapping[str, Any]) -> dict[str, Any]:
+    """A tokenized pair as the reward trainer holds it: the whole chosen and rejected sequences, and the margin."""
+    out: dict[str, Any] = {"chosen_ids": pair["prompt_ids"] + pair["chosen_ids"],
+                           "rejected_ids": pair["prompt_ids"] + pair["rejected_ids"]}  # fmt: skip
+    return out if "margin" not in record else {**out, "margin": record["margin"]}
+
+
+def score_pairs(
+    records: Sequence[Mapping[str, Any]],
+    tokenizer: Any,
+    *,
+    max_length: int | None,
+    chat_template: str | None = None,
+    source: str | Path | None = None,
+) -> tuple[list[dict[str, Any]], int]:
+    """Checked records as TRL's ``RewardTrainer`` tokenizes them (``chosen_ids``, ``rejected_ids``, the ``margin``
+    when a record has one) and how many were left out: those whose chosen or rejected sequence is longer than
+    ``max_length``. Errors as ``tokenize_pairs``'."""
+    pairs, _ = tokenize_pairs(records, tokenizer, max_length=None, chat_template=chat_template, source=source)
+    scored = [_scored(p, r) for p, r in zip(pairs, records, strict=True)]
+    kept = [p for p in scored if max_length is None or max(len(p["chosen_ids"]), len(p["rejected_ids"])) <= max_length]
+    return kept, len(scored) - len(kept)
+
+
+def load_reward_data(
+    spec: DataSpec, tokenizer: Any, reward: RewardSpec | None = None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, str]:
+    """A reward job's training and evaluation pairs checked and tokenized as TRL's ``RewardTrainer`` prepares them
+    (module docstring), those longer than ``reward``'s ``max_length`` left out, and a note of how many were (``""``:
+    none). Either every record of a file has a ``margin`` or none has (TRL's collator reads the first one's)."""
+    reward = reward or RewardSpec()
+    limit = reward.max_length
+    notes: list[str] = []
+
+    def tokenized(path: str | Path, key: str, what: str) -> list[dict[str, Any]]:
+        records = read_pairs(path)
+        with_margin = sum("margin" in r for r in records)
+        if 0 < with_margin < len(records):
+            raise ConfigError(Problem(key, f"{path}: {with_margin} of its {len(records)} pairs have a margin",
+                                      "give every pair a margin, or none"))  # fmt: skip
+        kept, dropped = score_pairs(records, tokenizer, max_length=limit, chat_template=spec.chat_template, source=path)
+        if not kept:
+            raise ConfigError(Problem(key, f"{path}: each of its {len(records)} pairs is longer than "
+                                           f"reward.max_length = {limit} tokens: no pair is left to learn from",
+                                      "raise reward.max_length"))  # fmt: skip
+        if dropped:
+            notes.append(f"{dropped} of {len(records)} {what} pairs left out: longer than "
+                         f"reward.max_length = {limit} tokens (as TRL's RewardTrainer)")  # fmt: skip
+        return kept
+
+    train = tokenized(spec.path, "data.path", "training")
+    evaluation = tokenized(spec.eval_path, "data.eval_path", "evaluation") if spec.eval_path is not None else None
+    return train, evaluation, "; ".join(notes)
+
+
+def collate_scored_pairs(
+    examples: Sequence[Mapping[str, Any]], *, pad_token_id: int, pad_to_multiple_of: int | None = None
+) -> dict[str, Any]:
+    """TRL's reward collator: ``input_ids`` and ``attention_mask`` of ``[chosen rows; rejected rows]``, right-padded
+    to the longest, and ``margin`` (float) when the examples have one."""
+    import torch
+
+    rows = [list(e["chosen_ids"]) for e in examples] + [list(e["rejected_ids"]) for e in examples]
+    width = max(len(r) for r in rows)
+    if pad_to_multiple_of:
+        width = -(-width // pad_to_multiple_of) * pad_to_multiple_of
+    out = {
+        "input_ids": torch.tensor([r + [pad_token_id] * (width - len(r)) for r in rows]),
+        "attention_mask": torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows]),
+    }
+    if "margin" in examples[0]:
+        out["margin"] = torch.tensor([float(e["margin"]) for e in examples], dtype=torch.float)
+    return out

@@ -19,7 +19,7 @@ from ..resolve.schedule import job_steps
 from ..resolve.training import Training
 from ..validate import Diagnostic, validate
 from .reader import grpo_batch_problems, read_job, read_job_dict
-from .rl import DPOSpec, GRPOSpec
+from .rl import DPOSpec, GRPOSpec, RewardSpec
 from .spec import DataSpec, LaunchSpec, ModelSpec, ReferenceSpec, RewardsSpec, RolloutSpec, StrategySpec
 
 __all__ = ["Job", "demo_job_path", "load_job"]
@@ -47,7 +47,8 @@ class Job:
     """The file's one-line ``description``."""
     task: str = "sft"
     """What the job trains: ``"sft"`` (TRL's SFTTrainer's), ``"dpo"`` (TRL's DPOTrainer's: ``reference`` and ``dpo``
-    are read) or ``"grpo"`` (TRL's GRPOTrainer's: ``reference``, ``rollout``, ``rewards`` and ``grpo``)."""
+    are read), ``"grpo"`` (TRL's GRPOTrainer's: ``reference``, ``rollout``, ``rewards`` and ``grpo``) or ``"reward"``
+    (TRL's RewardTrainer's: ``reward``)."""
     reference: ReferenceSpec | None = None
     """``[reference]`` of a DPO job, or of a GRPO job with ``beta`` > 0 (``None`` there: what the policy starts from)."""
     dpo: DPOSpec | None = None
@@ -58,6 +59,8 @@ class Job:
     """``[rewards]`` of a GRPO job."""
     grpo: GRPOSpec | None = None
     """``[grpo]`` of a GRPO job."""
+    reward: RewardSpec | None = None
+    """``[reward]`` of a reward job."""
 
     @classmethod
     def from_dict(
@@ -177,12 +180,16 @@ class Job:
     def task_shapes(self) -> dict[str, Any]:
         """What the job's task changes in ``dsbuild plan``'s facts: a DPO micro-batch is its pairs' chosen and rejected
         rows, each up to ``[dpo] max_length`` tokens, beside a reference unless it is precomputed; a GRPO job keeps a
-        reference with a KL term (``beta`` > 0)."""
+        reference with a KL term (``beta`` > 0); a reward job's micro-batch is its pairs' chosen and rejected rows, each
+        up to ``[reward] max_length`` tokens, through a model whose head scores (one number, no vocabulary logits)."""
         if self.dpo is not None and self.reference is not None:
             return {"seq_len": self.dpo.max_length or self.data.max_length, "reference": not self.reference.precompute,
                     "micro_batch": 2 * self.training.per_device_train_batch_size}  # fmt: skip
         if self.grpo is not None:
             return {"reference": self.grpo.beta != 0.0}
+        if self.reward is not None:
+            return {"seq_len": self.reward.max_length or self.data.max_length,
+                    "micro_batch": 2 * self.training.per_device_train_batch_size}  # fmt: skip
         return {}
 
     def _task_problems(self, world_size: int) -> list[Diagnostic]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
@@ -17,7 +17,7 @@ from ..resolve.training import Training
 from .collect import BAD, Collector
 from .complete import complete
 from .readers import CHECKS, READERS
-from .rl import DPOSpec, GRPOSpec, check_grpo_batch
+from .rl import DPOSpec, GRPOSpec, RewardSpec, check_grpo_batch
 from .spec import (
     JOB_TABLES,
     TASK_TABLES,
@@ -85,6 +85,10 @@ def read_job(
             done, config = complete(strategy.config, training, explicit=set(tables["training"]), name=name)
         except ConfigError as e:
             c.problems.extend(e.problems)
+    checkpoint = config.checkpoint if config is not None else None
+    if done is not None and done.async_save and checkpoint is not None and checkpoint.writer is not None:
+        c.problem("training.async_save", "not with [strategy] checkpoint.writer: DeepSpeed's writer and dsbuild's "
+                  "background save each write the files; choose one (remove checkpoint.writer, or async_save)")  # fmt: skip
     if task == "grpo" and done is not None and launch is not None and rl.get("grpo") is not None:
         _grpo_batch(c, rl["grpo"], done, launch.world_size, rl.get("reference") is not None)
     if c.problems or None in (model, data_spec, done, strategy, launch, config):
@@ -97,7 +101,11 @@ def read_job(
 
 
 DPO_DATA_KEYS = frozenset({"path", "eval_path", "format", "chat_template"})
-"""The ``[data]`` keys a DPO job reads (the pairs' length and truncation are ``[dpo]``'s, as TRL's ``DPOConfig``)."""
+"""The ``[data]`` keys a DPO or reward job reads (the pairs' length is ``[dpo]``'s / ``[reward]``'s, as TRL's
+``DPOConfig`` / ``RewardConfig``)."""
+
+PAIR_TASKS: Final = {"dpo": "a DPO job", "reward": "a reward job"}
+"""The tasks that read preference pairs (``format = "preference"``), and how their messages name a job of each."""
 
 
 GRPO_DATA_KEYS = frozenset({"path", "format", "chat_template"})
@@ -105,6 +113,7 @@ GRPO_DATA_KEYS = frozenset({"path", "format", "chat_template"})
 
 _TASK_SPECS: dict[str, type] = {
     "reference": ReferenceSpec, "dpo": DPOSpec, "rollout": RolloutSpec, "rewards": RewardsSpec, "grpo": GRPOSpec,
+    "reward": RewardSpec,
 }  # fmt: skip
 
 
@@ -158,11 +167,13 @@ def _task(c: Collector, data: Mapping[str, Any]) -> str:
 
 
 def _task_data(c: Collector, task: str, data: DataSpec, table: Mapping[str, Any]) -> None:
-    """Preference data is DPO's and DPO reads only preference data, prompts are GRPO's and GRPO reads only prompts;
-    the [data] keys DPO or GRPO does not read are problems."""
-    if (task == "dpo") != (data.format == "preference"):
-        wanted = 'format = "preference" (prompt / chosen / rejected)' if task == "dpo" else 'task = "dpo"'
-        c.problem("data.format", f"got {data.format!r} for task = {task!r}", f"a DPO job reads pairs: {wanted}")
+    """Preference data is read by the pair tasks (DPO, reward) and they read only preference data, prompts are GRPO's
+    and GRPO reads only prompts; the [data] keys these tasks do not read are problems."""
+    pairs = PAIR_TASKS.get(task)
+    if (pairs is not None) != (data.format == "preference"):
+        wanted = 'format = "preference" (prompt / chosen / rejected)' if pairs else 'task = "dpo" or "reward"'
+        reader = f"{pairs} reads pairs" if pairs else "pairs are read by a DPO or reward job"
+        c.problem("data.format", f"got {data.format!r} for task = {task!r}", f"{reader}: {wanted}")
     elif (task == "grpo") != (data.format == "prompt"):
         wanted = 'format = "prompt" (a prompt per record)' if task == "grpo" else 'task = "grpo"'
         c.problem("data.format", f"got {data.format!r} for task = {task!r}", f"a GRPO job reads prompts: {wanted}")
@@ -173,13 +184,18 @@ def _task_data(c: Collector, task: str, data: DataSpec, table: Mapping[str, Any]
             hint = "[grpo] max_completion_length, as TRL's GRPOConfig" if key == "max_length" else None
             why = 'not read for task = "grpo"' + (" (a GRPO job does not evaluate)" if "eval" in key else "")
             c.problem(f"data.{key}", why, hint)
-    if task == "dpo":
+    if pairs is not None:
         for key, where in (("path", data.path), ("eval_path", data.eval_path)):
             if where is not None and not (isinstance(where, Path) and where.is_file()):
-                c.problem(f"data.{key}", f"{where}: a DPO job reads a local JSON or JSON Lines file of pairs")
+                c.problem(f"data.{key}", f"{where}: {pairs} reads a local JSON or JSON Lines file of pairs")
+        config = "DPOConfig" if task == "dpo" else "RewardConfig"
         for key in sorted(set(table) - DPO_DATA_KEYS):
-            hint = "[dpo] max_length and truncation_mode, as TRL's DPOConfig" if key == "max_length" else None
-            c.problem(f"data.{key}", 'not read for task = "dpo"', hint)
+            hint = None
+            if key == "max_length":
+                hint = (
+                    f"[{task}] max_length" + (" and truncation_mode" if task == "dpo" else "") + f", as TRL's {config}"
+                )
+            c.problem(f"data.{key}", f'not read for task = "{task}"', hint)
 
 
 def _training(c: Collector, table: dict[str, Any]) -> Training | None:

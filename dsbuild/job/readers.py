@@ -35,7 +35,7 @@ from .formats import (
     template_problems,
 )
 from .functions import function_ref_problem
-from .rl import DPO_LOSS_TYPES, DPOSpec, GRPOSpec, loss_weights_problem
+from .rl import DPO_LOSS_TYPES, DPOSpec, GRPOSpec, RewardSpec, loss_weights_problem
 from .spec import (
     ATTN_IMPLEMENTATIONS,
     BYTE_TOKENIZER,
@@ -381,9 +381,9 @@ def loss_type(c: Collector, value: Any, path: str, _: Mapping[str, Any]) -> Any:
 
 
 def trl_not_run(c: Collector, values: dict[str, Any], path: str, table: Mapping[str, Any]) -> None:
-    """What ``dsbuild train`` does not run of TRL's ``DPOConfig`` / ``GRPOConfig``, refused by key at other than the
-    value that runs, with what to write instead (``trl_keys.NOT_RUN``)."""
-    read = job_keys(DPOSpec if path == "dpo" else GRPOSpec)
+    """What ``dsbuild train`` does not run of TRL's ``DPOConfig`` / ``GRPOConfig`` / ``RewardConfig``, refused by key
+    at other than the value that runs, with what to write instead (``trl_keys.NOT_RUN``)."""
+    read = job_keys({"dpo": DPOSpec, "grpo": GRPOSpec, "reward": RewardSpec}[path])
     c.problems.extend(not_run(path, table, values, read))
 
 
@@ -484,5 +484,6 @@ CHECKS: Final[dict[type, tuple[Check, ...]]] = {
     RolloutSpec: (rollout_checks,),
     RewardsSpec: (rewards_checks,),
     GRPOSpec: (trl_not_run,),
+    RewardSpec: (trl_not_run,),
 }
 """Each table's checks of its keys together, in order."""

@@ -1,5 +1,5 @@
-"""The TRL-named specs of RL post-training: ``DPOSpec`` (TRL 1.16's ``DPOConfig``), ``GRPOSpec`` (``GRPOConfig``)
-and TRL's check of GRPO's generation batch (``check_grpo_batch``).
+"""The TRL-named specs of RL post-training: ``DPOSpec`` (TRL 1.16's ``DPOConfig``), ``GRPOSpec`` (``GRPOConfig``),
+``RewardSpec`` (``RewardConfig``) and TRL's check of GRPO's generation batch (``check_grpo_batch``).
 
 Each key is a field named as TRL names it, with TRL's default and a ``Key`` in its metadata (``spec.Key``: the
 value's ``Spec``, checked with the config's coercion policy), so a job's ``[dpo]`` / ``[grpo]`` table can be read
@@ -11,7 +11,8 @@ TRL's configs also carry (learning rate, batch sizes, ...) are ``[training]``'s,
 Where TRL only warns and the run would compute nonsense (``robust`` with ``label_smoothing >= 0.5`` divides by
 ``1 - 2 * label_smoothing``), the spec refuses; every other refusal is one TRL makes too, with TRL's reason.
 
-Nothing here imports torch, transformers or TRL: the losses that use these values are ``dsbuild.rl.losses`` (DPO) and ``dsbuild.rl.grpo``.
+Nothing here imports torch, transformers or TRL: the losses that use these values are ``dsbuild.rl.losses`` (DPO),
+``dsbuild.rl.grpo`` and ``dsbuild.rl.reward``.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ __all__ = [
     "TRUNCATION_MODES",
     "DPOSpec",
     "GRPOSpec",
+    "RewardSpec",
     "check_grpo_batch",
     "loss_weights_problem",
 ]
@@ -420,6 +422,30 @@ class GRPOSpec:
 
     def to_trl(self) -> dict[str, Any]:
         """The keyword arguments of TRL's ``GRPOConfig`` (with the training arguments: ``GRPOConfig(**these, ...)``)."""
+        return _trl(self)
+
+
+@attrs.frozen
+class RewardSpec:
+    """Reward modelling's options, as TRL 1.16's ``RewardConfig`` names them, with its defaults."""
+
+    max_length: int | None = _field("reward", 1024, "int", nullable=True, ge=1)
+    """Tokens of prompt + completion at most: a pair whose chosen or rejected sequence is longer is left out (not
+    cut); ``None``: every pair is kept. Default 1024."""
+    center_rewards_coefficient: float | None = _field("reward", None, "float", nullable=True, ge=0)
+    """Weight of ``mean((r_chosen + r_rejected)²)`` added to the loss, which pulls the rewards toward a mean of zero
+    (Eisenstein et al., 2023; TRL recommends 0.01); default none (no term)."""
+    disable_dropout: bool = _field("reward", True, "bool")
+    """Turn dropout off in the model; default on."""
+
+    @classmethod
+    def from_trl(cls, config: Any) -> RewardSpec:
+        """The spec of a TRL ``RewardConfig``, or of a dict of its arguments (keys that are not its own are left)."""
+        given = config if isinstance(config, Mapping) else _attributes(config, cls)
+        return _read(cls, "reward", given)
+
+    def to_trl(self) -> dict[str, Any]:
+        """The keyword arguments of TRL's ``RewardConfig`` (with the training arguments)."""
         return _trl(self)
 
 

@@ -47,14 +47,19 @@ __all__ = [
 JOB_TABLES: Final = ("model", "data", "training", "strategy", "launch")
 """The top-level tables of a job file; a file with any of them is a job, not a ds_config."""
 
-TASK_TABLES: Final = {"dpo": ("reference", "dpo"), "grpo": ("reference", "rollout", "rewards", "grpo")}
+TASK_TABLES: Final = {
+    "dpo": ("reference", "dpo"),
+    "grpo": ("reference", "rollout", "rewards", "grpo"),
+    "reward": ("reward",),
+}
 """The tables a task adds to a job (``task = "dpo"``: ``[reference]`` and ``[dpo]``; ``task = "grpo"``:
-``[reference]``, ``[rollout]``, ``[rewards]`` and ``[grpo]``), read only for that task."""
+``[reference]``, ``[rollout]``, ``[rewards]`` and ``[grpo]``; ``task = "reward"``: ``[reward]``), read only for that
+task."""
 
 TASKS: Final = ("sft", *TASK_TABLES)
 """What a job trains (``task``): ``"sft"`` (the default: a causal LM on its data, as TRL's SFTTrainer), ``"dpo"``
-(preference pairs, as TRL's DPOTrainer) or ``"grpo"`` (prompts, completions sampled and rewarded, as TRL's
-GRPOTrainer)."""
+(preference pairs, as TRL's DPOTrainer), ``"grpo"`` (prompts, completions sampled and rewarded, as TRL's
+GRPOTrainer) or ``"reward"`` (a reward model on preference pairs, as TRL's RewardTrainer)."""
 
 ROLLOUT_BACKENDS: Final = ("hf", "function")
 """``rollout.backend``: the policy's own ``generate`` (``"hf"``) or a function of the prompts (``"function"``, TRL's

@@ -1,8 +1,8 @@
-"""The keys of TRL's ``DPOConfig`` and ``GRPOConfig`` that ``dsbuild train`` does not run, in one table: each with the
+"""The keys of TRL's ``DPOConfig``, ``GRPOConfig`` and ``RewardConfig`` that ``dsbuild train`` does not run, in one table: each with the
 one value it runs as TRL runs it (TRL's default, where the key then does nothing a job would miss), why another value
-is refused, and what to write instead. A ``[dpo]`` / ``[grpo]`` table takes these keys (a config pasted from TRL reads),
+is refused, and what to write instead. A ``[dpo]`` / ``[grpo]`` / ``[reward]`` table takes these keys (a config pasted from TRL reads),
 and ``not_run`` names each one set to another value by its dotted key. The keys of ``DPOSpec`` / ``GRPOSpec`` are the
-ones that run; a ``GRPOConfig`` field in neither (a key of a newer TRL) fails ``tests/unit/test_trl_keys.py``.
+ones that run (``RewardSpec``'s for ``[reward]``); a TRL config's field in neither (a key of a newer TRL) fails ``tests/unit/test_trl_keys.py``.
 Stdlib only.
 """
 
@@ -13,7 +13,7 @@ from typing import Any, Final, NamedTuple
 
 from ..errors import Problem
 
-__all__ = ["GENERATION_KEYS", "NOT_RUN", "NotRun", "generation_kwargs_instead", "not_run"]
+__all__ = ["GENERATION_KEYS", "NOT_RUN", "REWARD_NOT_RUN", "NotRun", "generation_kwargs_instead", "not_run"]
 
 
 class NotRun(NamedTuple):
@@ -145,7 +145,30 @@ GRPO_NOT_RUN: Final = {
     "log_completions_hub_repo": NotRun(None, _LOGS, _LOGS_INSTEAD),
 }
 
-NOT_RUN: Final[Mapping[str, Mapping[str, NotRun]]] = {"dpo": DPO_NOT_RUN, "grpo": GRPO_NOT_RUN}
+REWARD_NOT_RUN: Final = {
+    "model_init_kwargs": DPO_NOT_RUN["model_init_kwargs"],
+    "trust_remote_code": DPO_NOT_RUN["trust_remote_code"],
+    "chat_template_path": NotRun(
+        None, "a job's chat template is [data]'s", "set data.chat_template to the template's text (Jinja)"
+    ),
+    "dataset_num_proc": NotRun(None, "a reward job tokenizes its pairs in one process", "leave it out"),
+    "eos_token": NotRun(
+        None,
+        "a reward job ends each text with its tokenizer's end-of-sequence token",
+        "leave it out, or give [model] a tokenizer whose EOS is the one you want",
+    ),
+    "pad_to_multiple_of": NotRun(
+        "auto", "a reward job pads to the longest sequence of the micro-batch (TRL's 'auto' off Neuron)", "leave it out"
+    ),
+    "activation_offloading": DPO_NOT_RUN["activation_offloading"],
+    "pad_token": DPO_NOT_RUN["pad_token"],
+}
+
+NOT_RUN: Final[Mapping[str, Mapping[str, NotRun]]] = {
+    "dpo": DPO_NOT_RUN,
+    "grpo": GRPO_NOT_RUN,
+    "reward": REWARD_NOT_RUN,
+}
 """By table: the TRL keys a job's table takes but runs only at one value."""
 
 GENERATION_KEYS: Final = {
