@@ -68,21 +68,22 @@ def ensure_env(environ: Mapping[str, str] | None = None) -> None:
 
 def node_env() -> None:
     """Set the node counts DeepSpeed's own launcher exports (``deepspeed/launcher/launch.py``) and other launchers do
-    not: ``CROSS_RANK`` (this node), ``CROSS_SIZE`` (the nodes), ``LOCAL_SIZE`` (this node's processes).
+    not: ``CROSS_RANK`` (this node), ``CROSS_SIZE`` (the nodes).
 
     DeepSpeed's checkpoint writers (``checkpoint.writer``: ``model_checkpointing/utils.py``) read them at engine start
     and died with ``KeyError: 'CROSS_SIZE'`` under torchrun, Slurm, Ray and a one-process run. They are derived here,
     in the rank, from what its launcher gave (torchrun's ``GROUP_RANK``, ``GROUP_WORLD_SIZE``, ``LOCAL_WORLD_SIZE``;
     Ray Train's ``NODE_RANK``, ``LOCAL_WORLD_SIZE``; nothing at all for one process), so every launcher, an elastic
     run's renumbered nodes and a user's own torchrun get them alike; values already set (DeepSpeed's launcher) are
-    kept.
+    kept. Not its ``LOCAL_SIZE``, which the writers do not read: on CPU it switches DeepSpeed's shared-memory
+    all-reduce on, whose 66 MB buffer per rank (``/dev/shm/deepspeed_allreduce_buffer_*``) DeepSpeed never removes,
+    so every run left one behind until the machine's memory was full.
     """
     world = world_size()
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "0")) or world
     nodes = int(os.environ.get("GROUP_WORLD_SIZE", "0")) or -(-world // per_node)
     os.environ.setdefault("CROSS_RANK", os.environ.get("NODE_RANK") or str(node_rank()))
     os.environ.setdefault("CROSS_SIZE", str(nodes))
-    os.environ.setdefault("LOCAL_SIZE", str(per_node))
 
 
 def is_initialized() -> bool:

@@ -45,6 +45,7 @@ def main(out: Path) -> None:
             "history": history,
             "train_batch_size": s.engine.train_batch_size(),
             "global_step": s.global_step,
+            "rendezvous": f"{os.environ['MASTER_ADDR']}_{os.environ['MASTER_PORT']}",
         }
         (out / "result.json").write_text(json.dumps(result))
 
