@@ -15,6 +15,7 @@ import torch
 from ..errors import ConfigError, Problem
 
 __all__ = [
+    "LORA_TASK_TYPES",
     "apply_lora",
     "build_model",
     "enable_gradient_checkpointing",
@@ -129,11 +130,17 @@ def build_model(
 ) -> Any:
     """A causal LM (or another of transformers' ``kind`` of auto class, with ``more`` of its arguments: a reward
     model's ``AutoModelForSequenceClassification`` with ``num_labels=1``) from a path / hub id (its weights) or a
-    ``PretrainedConfig`` (random init), ZeRO-3 aware."""
+    ``PretrainedConfig`` (random init; ``more`` then set on a copy of it, as ``from_pretrained`` sets them on the
+    config it reads), ZeRO-3 aware."""
     from transformers import PretrainedConfig
 
     auto: Any = getattr(importlib.import_module("transformers"), kind)
-    kwargs: dict[str, Any] = dict(more)
+    kwargs: dict[str, Any] = {}
+    if isinstance(source, PretrainedConfig) and more:
+        source = copy.deepcopy(source)
+        source.update(dict(more))
+    else:
+        kwargs.update(more)
     if dtype is not None:
         kwargs["dtype"] = as_dtype(dtype)
     if attn_implementation is not None:
@@ -164,8 +171,14 @@ def enable_gradient_checkpointing(model: Any, *, lora: bool) -> None:
         model.enable_input_require_grads()
 
 
-def lora_config(lora: Any) -> Any:
-    """A peft ``LoraConfig`` from one, or from a mapping of its fields (``rank``/``alpha``/``dropout`` accepted)."""
+LORA_TASK_TYPES: Mapping[str, str] = {"AutoModelForSequenceClassification": "SEQ_CLS"}
+"""peft's ``task_type`` of a model built by each auto class other than the causal LM's (``SEQ_CLS``: the new score
+head is trained and saved with the adapters, as peft's ``modules_to_save``)."""
+
+
+def lora_config(lora: Any, task_type: str = "CAUSAL_LM") -> Any:
+    """A peft ``LoraConfig`` from one, or from a mapping of its fields (``rank``/``alpha``/``dropout`` accepted;
+    ``task_type`` unless they say it)."""
     from peft import LoraConfig, PeftConfig
 
     if isinstance(lora, PeftConfig):
@@ -175,7 +188,7 @@ def lora_config(lora: Any) -> Any:
             Problem("lora", f"got {type(lora).__name__}, expected a peft LoraConfig or a table of its fields")
         )
     fields = {_LORA_ALIASES.get(k, k): v for k, v in lora.items()}
-    fields.setdefault("task_type", "CAUSAL_LM")
+    fields.setdefault("task_type", task_type)
     if isinstance(fields.get("target_modules"), (list, tuple)):
         fields["target_modules"] = list(fields["target_modules"])
     try:
@@ -184,8 +197,9 @@ def lora_config(lora: Any) -> Any:
         raise ConfigError(Problem("lora", str(error))) from None
 
 
-def apply_lora(model: Any, lora: Any) -> Any:
-    """Wrap ``model`` with LoRA adapters (``lora``: a peft config or its fields); only the adapters stay trainable."""
+def apply_lora(model: Any, lora: Any, task_type: str = "CAUSAL_LM") -> Any:
+    """Wrap ``model`` with LoRA adapters (``lora``: a peft config or its fields, ``task_type`` unless they say it);
+    only the adapters stay trainable (and a ``SEQ_CLS`` model's score head)."""
     from peft import get_peft_model
 
     # peft (0.21) asks the model whether to prepare it for checkpointing by the name transformers 5 deprecated
@@ -193,4 +207,4 @@ def apply_lora(model: Any, lora: Any) -> Any:
     # on or off: the answer is the same, so that one warning of that one call is not shown (peft's choice is unchanged).
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
-        return get_peft_model(model, lora_config(lora))
+        return get_peft_model(model, lora_config(lora, task_type))

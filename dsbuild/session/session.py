@@ -111,16 +111,19 @@ class Session(Persist, Capabilities):
         gradient_checkpointing: bool = False,
         tokenizer: Any = None,
         output_dir: str | os.PathLike[str] | None = None,
+        model_class: str = "AutoModelForCausalLM",
+        model_kwargs: Mapping[str, Any] | None = None,
         **session_kwargs: Any,
     ) -> Self:
-        """A session for an HF causal LM: a local path / hub id (its weights) or a ``PretrainedConfig`` (random init),
-        built inside ``zero.Init`` under ZeRO-3, ``lora`` (a peft ``LoraConfig`` or its fields) applied after; other
-        keyword arguments go to ``Session`` (docs/session.md)."""
+        """A session for an HF causal LM (or ``model_class`` with ``model_kwargs``: a reward model's): a path / hub id
+        (its weights) or a ``PretrainedConfig`` (random init), built inside ``zero.Init`` under ZeRO-3, ``lora`` (peft's
+        ``LoraConfig`` or its fields) applied after; other keyword arguments go to ``Session`` (docs/session.md)."""
         model, tokenizer = pretrained_model(
             name_or_path_or_config, as_config(config), Training.of(training) if training is not None else None,
             lora=lora, dtype=dtype, attn_implementation=attn_implementation,
-            gradient_checkpointing=gradient_checkpointing, tokenizer=tokenizer,
+            gradient_checkpointing=gradient_checkpointing, tokenizer=tokenizer, model_class=model_class,
             hidden_size=session_kwargs.get("hidden_size"), total_steps=session_kwargs.get("total_steps"),
+            model_kwargs=model_kwargs or {},
         )  # fmt: skip
         session = cls(model, config, training=training, output_dir=output_dir, tokenizer=tokenizer, **session_kwargs)
         seed = session.training.seed if session.training is not None else DEFAULT_SEED

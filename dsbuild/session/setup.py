@@ -270,6 +270,8 @@ def pretrained_model(
     tokenizer: Any,
     hidden_size: int | None,
     total_steps: int | None,
+    model_class: str = "AutoModelForCausalLM",
+    model_kwargs: Mapping[str, Any] | None = None,
 ) -> tuple[Any, Any]:
     """The model and tokenizer of ``Session.from_pretrained`` (see there), built after the config is resolved and
     checked against the model's config, with the same seed on every rank."""
@@ -287,12 +289,13 @@ def pretrained_model(
     seed_everything(training.seed if training is not None else DEFAULT_SEED)
     distributed.init(training.ddp_timeout if training is not None else None)  # zero.Init partitions
     model = building.build_model(
-        name_or_path_or_config, probe.to_dict(), dtype=dtype, attn_implementation=attn_implementation
-    )
+        name_or_path_or_config, probe.to_dict(), dtype=dtype, attn_implementation=attn_implementation,
+        kind=model_class, **(model_kwargs or {}),
+    )  # fmt: skip
     if gradient_checkpointing or (training is not None and training.gradient_checkpointing):
         building.enable_gradient_checkpointing(model, lora=lora is not None)
     if lora is not None:
-        model = building.apply_lora(model, lora)
+        model = building.apply_lora(model, lora, task_type=building.LORA_TASK_TYPES.get(model_class, "CAUSAL_LM"))
     if isinstance(tokenizer, (str, os.PathLike)):
         from transformers import AutoTokenizer
 

@@ -47,6 +47,7 @@ def test_every_example_is_covered() -> None:
         "job_grpo.toml",
         "job_grpo_reward_model.toml",
         "job_lora_zero3.toml",
+        "job_reward.toml",
         "lightning_snippet.py",
         "make_reward_model.py",
     ]
@@ -206,6 +207,29 @@ def test_grpo_job_with_a_reward_model_trains_on_two_processes(tmp_path: Path) ->
     steps = [r for r in steps if "loss" in r]
     assert len(steps) == 2 and all("rewards/reward_model/mean" in r and "rewards/no_spaces/mean" in r for r in steps)
     assert all(abs(r["rewards/reward_model/std"]) > 0 for r in steps)  # the model scores completions apart
+
+
+@pytest.mark.train
+def test_reward_job_file_trains(tmp_path: Path) -> None:
+    """The reward job: valid, and dsbuild train runs its 3 steps (TRL's RewardTrainer metrics in the history) and
+    saves a model that loads as a one-label sequence classifier."""
+    from transformers import AutoModelForSequenceClassification
+
+    job = load_job(EXAMPLES / "job_reward.toml")
+    assert job.task == "reward" and job.reward is not None and job.validate() == []
+    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "dsbuild", "train", str(EXAMPLES / "job_reward.toml"), f"--set=training.output_dir='{out}'"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "loss" in r]
+    assert len(steps) == 3 and all({"accuracy", "margin", "min_reward", "mean_reward", "max_reward"} <= set(r)
+                                   for r in steps)  # fmt: skip
+    model = AutoModelForSequenceClassification.from_pretrained(out / "model")
+    assert model.config.num_labels == 1 and model.config.pad_token_id == 0
 
 
 def test_lora_job_file_is_valid() -> None:

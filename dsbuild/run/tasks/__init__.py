@@ -5,6 +5,8 @@ A task says, of a job whose tables the job reader read (``dsbuild.job``: its tab
 
 - ``check(job)``: what can be checked before any process starts, in the launcher (torch is not imported there: a
   GRPO job's functions are found);
+- ``model(job)``: what ``Session.from_pretrained`` builds beyond the job's ``[model]`` (``{}``: a causal LM; a reward
+  model's ``model_class`` and ``model_kwargs``);
 - ``collate(job, pad, default)``: how its samples become a batch (``default``: the model's tokens, padded);
 - ``parts(job, ready, say)``: what ``Session.fit`` trains on (``Parts``): its data, its ``loss_fn`` (``None``: the
   model's own loss) and its ``rollout`` (``None``: the samples are the batches), building what it needs beside the
@@ -21,7 +23,7 @@ from collections.abc import Callable
 from typing import Any, Final, NamedTuple, Protocol
 
 from ...job import Job
-from . import dpo, grpo, sft
+from . import dpo, grpo, reward, sft
 
 __all__ = ["TASKS", "Parts", "Task", "task_of"]
 
@@ -42,6 +44,8 @@ class Parts(NamedTuple):
 class Task(Protocol):
     def check(self, job: Job) -> None: ...
 
+    def model(self, job: Job) -> dict[str, Any]: ...
+
     def collate(self, job: Job, pad: int, default: Callable[[list[Any]], Any]) -> Callable[[list[Any]], Any]: ...
 
     def parts(self, job: Job, ready: Any, say: Callable[[str], None]) -> Parts: ...
@@ -51,6 +55,7 @@ TASKS: Final[dict[str, Task]] = {
     "sft": sft.TASK,
     "dpo": dpo.TASK,
     "grpo": grpo.TASK,
+    "reward": reward.TASK,
 }
 """Each task by the name a job's ``task`` gives."""
 

@@ -21,6 +21,10 @@ class DPO:
     def check(self, job: Job) -> None:
         """Nothing more than every job's checks (the pairs are checked with the data)."""
 
+    def model(self, job: Job) -> dict[str, Any]:
+        """A causal LM, as the job's ``[model]`` says."""
+        return {}
+
     def collate(self, job: Job, pad: int, default: Callable[[list[Any]], Any]) -> Callable[[list[Any]], Any]:
         """TRL's ``[chosen rows; rejected rows]``, each cut to ``[dpo] max_length`` as ``truncation_mode`` says."""
         from ...data.preference import collate_pairs

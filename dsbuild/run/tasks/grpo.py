@@ -49,6 +49,10 @@ class GRPO:
         """Each function the job names found before any process starts."""
         job_functions(job)
 
+    def model(self, job: Job) -> dict[str, Any]:
+        """A causal LM, as the job's ``[model]`` says."""
+        return {}
+
     def collate(self, job: Job, pad: int, default: Callable[[list[Any]], Any]) -> Callable[[list[Any]], Any]:
         """The records as they are: the rollout makes the tensors (``dsbuild.rl.rollouts``)."""
         return list

@@ -18,6 +18,10 @@ class SFT:
     def check(self, job: Job) -> None:
         """Nothing more than every job's checks."""
 
+    def model(self, job: Job) -> dict[str, Any]:
+        """A causal LM, as the job's ``[model]`` says."""
+        return {}
+
     def collate(self, job: Job, pad: int, default: Callable[[list[Any]], Any]) -> Callable[[list[Any]], Any]:
         return default
 

@@ -1,0 +1,52 @@
+"""``task = "reward"``: a reward model trained on preference pairs as TRL's ``RewardTrainer`` trains it: the job's
+model built as an ``AutoModelForSequenceClassification`` with one label (from ``[model.config]`` or a causal model's
+weights, the score head new), the pairs tokenized whole (``data.preference.load_reward_data``), the Bradley–Terry
+loss and TRL's metrics (``dsbuild.rl.reward``) with ``[reward]``'s options. The saved model loads with
+``AutoModelForSequenceClassification`` and is what a GRPO job's ``[rewards] models`` scores with."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ...job import Job
+
+if TYPE_CHECKING:
+    from . import Parts
+
+__all__ = ["TASK"]
+
+
+class Reward:
+    def check(self, job: Job) -> None:
+        """Nothing more than every job's checks (the pairs are checked with the data)."""
+
+    def model(self, job: Job) -> dict[str, Any]:
+        """TRL's reward model: ``AutoModelForSequenceClassification`` with ``num_labels=1``."""
+        return {"model_class": "AutoModelForSequenceClassification", "model_kwargs": {"num_labels": 1}}
+
+    def collate(self, job: Job, pad: int, default: Callable[[list[Any]], Any]) -> Callable[[list[Any]], Any]:
+        """TRL's ``[chosen rows; rejected rows]``, right-padded, with the pairs' margins."""
+        from ...data.preference import collate_scored_pairs
+
+        return functools.partial(collate_scored_pairs, pad_token_id=pad)
+
+    def parts(self, job: Job, ready: Any, say: Callable[[str], None]) -> Parts:
+        """The reward loss; the model's pad id set as TRL sets it (where the score is read), dropout off with
+        ``disable_dropout``."""
+        from ...rl.reward import reward_loss_fn
+        from ...session.reference import disable_dropout
+        from . import Parts
+
+        assert job.reward is not None
+        session = ready.session
+        tokenizer = session.tokenizer
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        session.model.config.get_text_config().pad_token_id = pad  # saved with the model: GRPO's scorer reads it
+        if job.reward.disable_dropout:
+            disable_dropout(session.model)
+        return Parts(ready, ready.train, reward_loss_fn(job.reward), None)
+
+
+TASK = Reward()
