@@ -144,3 +144,19 @@ def test_dsbuild_validate_names_the_reward_keys(capsys: pytest.CaptureFixture[st
     assert code == 1 and "Traceback" not in out + err
     assert "reward.max_length" in out + err and "reward.dataset_num_proc" in out + err
     assert main(["validate", str(Path(__file__).parents[2] / "examples" / "job_reward.toml")]) == 0
+
+
+@pytest.mark.train
+def test_a_reward_job_exports_as_trls_reward_config(tmp_path: Path) -> None:
+    """``dsbuild export --for trl`` of a reward job writes ``[reward]``'s keys, which build TRL's ``RewardConfig``
+    with the same values (``trl reward --config``)."""
+    import trl
+
+    from dsbuild.job.trl_export import trl_config
+
+    job = load_job(_write(tmp_path, JOB + "    [reward]\n    max_length = 64\n    center_rewards_coefficient = 0.01\n"))
+    config, _ = trl_config(job)
+    mine = {key: config[key] for key in job_keys(RewardSpec)}
+    assert mine == {"max_length": 64, "center_rewards_coefficient": 0.01, "disable_dropout": True}
+    built = trl.RewardConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, **mine)
+    assert RewardSpec.from_trl(built) == job.reward
