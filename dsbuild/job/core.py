@@ -19,7 +19,7 @@ from ..resolve.schedule import job_steps
 from ..resolve.training import Training
 from ..validate import Diagnostic, validate
 from .reader import grpo_batch_problems, read_job, read_job_dict
-from .rl import DPOSpec, GRPOSpec, RewardSpec
+from .rl import DPOSpec, GRPOSpec, RewardSpec, RLOOSpec
 from .spec import DataSpec, LaunchSpec, ModelSpec, ReferenceSpec, RewardsSpec, RolloutSpec, StrategySpec
 
 __all__ = ["Job", "demo_job_path", "load_job"]
@@ -47,8 +47,8 @@ class Job:
     """The file's one-line ``description``."""
     task: str = "sft"
     """What the job trains: ``"sft"`` (TRL's SFTTrainer's), ``"dpo"`` (TRL's DPOTrainer's: ``reference`` and ``dpo``
-    are read), ``"grpo"`` (TRL's GRPOTrainer's: ``reference``, ``rollout``, ``rewards`` and ``grpo``) or ``"reward"``
-    (TRL's RewardTrainer's: ``reward``)."""
+    are read), ``"grpo"`` (TRL's GRPOTrainer's: ``reference``, ``rollout``, ``rewards`` and ``grpo``), ``"reward"``
+    (TRL's RewardTrainer's: ``reward``) or ``"rloo"`` (TRL's RLOOTrainer's: GRPO's with ``rloo`` for ``grpo``)."""
     reference: ReferenceSpec | None = None
     """``[reference]`` of a DPO job, or of a GRPO job with ``beta`` > 0 (``None`` there: what the policy starts from)."""
     dpo: DPOSpec | None = None
@@ -61,6 +61,8 @@ class Job:
     """``[grpo]`` of a GRPO job."""
     reward: RewardSpec | None = None
     """``[reward]`` of a reward job."""
+    rloo: RLOOSpec | None = None
+    """``[rloo]`` of an RLOO job."""
 
     @classmethod
     def from_dict(
@@ -110,12 +112,13 @@ class Job:
         return job_steps(self.samples(records, world_size), self.training, self.config, world_size=world_size)
 
     def samples(self, records: int, world_size: int) -> int:
-        """The samples an epoch of ``records`` trains on: the records; a GRPO job's completions, whole generation
-        batches of them (``GRPOSpec.completions``)."""
-        if self.grpo is None:
+        """The samples an epoch of ``records`` trains on: the records; a GRPO or RLOO job's completions, whole
+        generation batches of them (``Generations.completions``)."""
+        sampling = self.grpo or self.rloo
+        if sampling is None:
             return records
         training = self.training
-        return self.grpo.completions(records, training.per_device_train_batch_size, world_size,
+        return sampling.completions(records, training.per_device_train_batch_size, world_size,
                                      training.gradient_accumulation_steps)  # fmt: skip
 
     def _counted_steps(self, world_size: int | None) -> int | None:
@@ -179,14 +182,16 @@ class Job:
 
     def task_shapes(self) -> dict[str, Any]:
         """What the job's task changes in ``dsbuild plan``'s facts: a DPO micro-batch is its pairs' chosen and rejected
-        rows, each up to ``[dpo] max_length`` tokens, beside a reference unless it is precomputed; a GRPO job keeps a
-        reference with a KL term (``beta`` > 0); a reward job's micro-batch is its pairs' chosen and rejected rows, each
-        up to ``[reward] max_length`` tokens, through a model whose head scores (one number, no vocabulary logits)."""
+        rows, each up to ``[dpo] max_length`` tokens, beside a reference unless it is precomputed; a GRPO or RLOO job
+        keeps a reference with a KL term (``beta`` > 0); a reward job's micro-batch is its pairs' chosen and rejected
+        rows, each up to ``[reward] max_length`` tokens, through a model whose head scores (one number, no vocabulary
+        logits)."""
         if self.dpo is not None and self.reference is not None:
             return {"seq_len": self.dpo.max_length or self.data.max_length, "reference": not self.reference.precompute,
                     "micro_batch": 2 * self.training.per_device_train_batch_size}  # fmt: skip
-        if self.grpo is not None:
-            return {"reference": self.grpo.beta != 0.0}
+        sampling = self.grpo or self.rloo  # an RLOO job keeps one by default (beta 0.05)
+        if sampling is not None:
+            return {"reference": sampling.beta != 0.0}
         if self.reward is not None:
             return {"seq_len": self.reward.max_length or self.data.max_length,
                     "micro_batch": 2 * self.training.per_device_train_batch_size}  # fmt: skip
@@ -196,9 +201,10 @@ class Job:
         """What the task needs of the run: a GRPO job's generation batch holds whole groups at the world size the run
         will have (the reader checked the job's own ``[launch]``; an override may change it), and its reward models
         can be offloaded as asked (the strategy's stage)."""
-        if self.grpo is None:
+        sampling = self.grpo or self.rloo
+        if sampling is None:
             return []
-        problems = grpo_batch_problems(self.grpo, self.training, world_size)
+        problems = grpo_batch_problems(sampling, self.training, world_size)
         found = [Diagnostic(p.path, "error", p.message, p.hint, "world size") for p in problems]
         if self.rewards is not None and self.rewards.models and self.rewards.offload_models:
             try:

@@ -17,7 +17,7 @@ from ..resolve.training import Training
 from .collect import BAD, Collector
 from .complete import complete
 from .readers import CHECKS, READERS
-from .rl import DPOSpec, GRPOSpec, RewardSpec, check_grpo_batch
+from .rl import DPOSpec, GRPOSpec, RewardSpec, RLOOSpec, check_grpo_batch
 from .spec import (
     JOB_TABLES,
     TASK_TABLES,
@@ -89,8 +89,8 @@ def read_job(
     if done is not None and done.async_save and checkpoint is not None and checkpoint.writer is not None:
         c.problem("training.async_save", "not with [strategy] checkpoint.writer: DeepSpeed's writer and dsbuild's "
                   "background save each write the files; choose one (remove checkpoint.writer, or async_save)")  # fmt: skip
-    if task == "grpo" and done is not None and launch is not None and rl.get("grpo") is not None:
-        _grpo_batch(c, rl["grpo"], done, launch.world_size, rl.get("reference") is not None)
+    if task in PROMPT_TASKS and done is not None and launch is not None and rl.get(task) is not None:
+        _grpo_batch(c, rl[task], done, launch.world_size, rl.get("reference") is not None)
     if c.problems or None in (model, data_spec, done, strategy, launch, config):
         raise ConfigError(c.problems, source=source, checks=not c.unreadable)
     assert done is not None and done.output_dir is not None  # complete() sets it
@@ -109,46 +109,57 @@ PAIR_TASKS: Final = {"dpo": "a DPO job", "reward": "a reward job"}
 
 
 GRPO_DATA_KEYS = frozenset({"path", "format", "chat_template"})
-"""The ``[data]`` keys a GRPO job reads (the completions' length is ``[grpo]``'s, as TRL's ``GRPOConfig``)."""
+"""The ``[data]`` keys a GRPO or RLOO job reads (the completions' length is ``[grpo]``'s / ``[rloo]``'s, as TRL's
+``GRPOConfig`` / ``RLOOConfig``)."""
+
+PROMPT_TASKS: Final = {"grpo": "a GRPO job", "rloo": "an RLOO job"}
+"""The tasks that read prompts and sample completions (``format = "prompt"``; ``[rollout]``, ``[rewards]``, a
+``[reference]`` with ``beta`` > 0, the table of their name), and how their messages name a job of each."""
 
 _TASK_SPECS: dict[str, type] = {
     "reference": ReferenceSpec, "dpo": DPOSpec, "rollout": RolloutSpec, "rewards": RewardsSpec, "grpo": GRPOSpec,
-    "reward": RewardSpec,
+    "reward": RewardSpec, "rloo": RLOOSpec,
 }  # fmt: skip
 
 
 def _rl_tables(c: Collector, task: str, data: Mapping[str, Any]) -> dict[str, Any]:
-    """The tables of the job's task (``TASK_TABLES``), each read by the collector; a GRPO job's ``[reference]`` is
-    read only when given (``beta = 0`` builds none), its ``[rollout]`` and ``[grpo]`` take their defaults."""
+    """The tables of the job's task (``TASK_TABLES``), each read by the collector; a GRPO or RLOO job's
+    ``[reference]`` is read only when given (``beta = 0`` builds none), its ``[rollout]`` and ``[grpo]`` / ``[rloo]``
+    take their defaults."""
     tables: dict[str, Any] = {}
     for name in TASK_TABLES.get(task, ()):
-        if task == "grpo" and name == "reference" and name not in data:
+        if task in PROMPT_TASKS and name == "reference" and name not in data:
             tables[name] = None
             continue
         if name == "rewards" and name not in data:
-            c.problem("rewards", 'missing: a GRPO job needs [rewards] functions = ["module:function", ...]')
+            job = PROMPT_TASKS.get(task, "this job")
+            c.problem("rewards", f'missing: {job} needs [rewards] functions = ["module:function", ...]')
             tables[name] = None
             continue
         tables[name] = c.collect(_TASK_SPECS[name], c.table(data, name, name), name)
     return tables
 
 
-def grpo_batch_problems(grpo: GRPOSpec, training: Training, world_size: int) -> list[Problem]:
+def grpo_batch_problems(grpo: GRPOSpec | RLOOSpec, training: Training, world_size: int) -> list[Problem]:
     """TRL's checks of the generation batch (``check_grpo_batch``) at ``world_size`` processes: what the reader checks
     at the job's own world size and ``Job.validate`` at the run's (``--nproc-per-node``, ``--nnodes``, Slurm's and
-    Ray's counts), before anything starts."""
+    Ray's counts), before anything starts. ``grpo``: a GRPO or RLOO job's spec (its table names the keys)."""
+    table = "rloo" if isinstance(grpo, RLOOSpec) else "grpo"
     return list(check_grpo_batch(training.per_device_train_batch_size, training.gradient_accumulation_steps,
                                  world_size, grpo.num_generations, steps_per_generation=grpo.steps_per_generation,
-                                 generation_batch_size=grpo.generation_batch_size))  # fmt: skip
+                                 generation_batch_size=grpo.generation_batch_size, table=table))  # fmt: skip
 
 
-def _grpo_batch(c: Collector, grpo: GRPOSpec, training: Training, world_size: int, has_reference: bool) -> None:
+def _grpo_batch(
+    c: Collector, grpo: GRPOSpec | RLOOSpec, training: Training, world_size: int, has_reference: bool
+) -> None:
     """The generation batch's checks at the job's world size (``grpo_batch_problems``); a reference with ``beta = 0``
     is never used."""
     c.problems.extend(grpo_batch_problems(grpo, training, world_size))
+    table = "rloo" if isinstance(grpo, RLOOSpec) else "grpo"
     if has_reference and grpo.beta == 0.0:
-        c.problem("reference", "not used with grpo.beta = 0 (no KL term: TRL builds no reference)",
-                  "set grpo.beta > 0, or leave [reference] out")  # fmt: skip
+        c.problem("reference", f"not used with {table}.beta = 0 (no KL term: TRL builds no reference)",
+                  f"set {table}.beta > 0, or leave [reference] out")  # fmt: skip
 
 
 def _task(c: Collector, data: Mapping[str, Any]) -> str:
@@ -174,15 +185,20 @@ def _task_data(c: Collector, task: str, data: DataSpec, table: Mapping[str, Any]
         wanted = 'format = "preference" (prompt / chosen / rejected)' if pairs else 'task = "dpo" or "reward"'
         reader = f"{pairs} reads pairs" if pairs else "pairs are read by a DPO or reward job"
         c.problem("data.format", f"got {data.format!r} for task = {task!r}", f"{reader}: {wanted}")
-    elif (task == "grpo") != (data.format == "prompt"):
-        wanted = 'format = "prompt" (a prompt per record)' if task == "grpo" else 'task = "grpo"'
-        c.problem("data.format", f"got {data.format!r} for task = {task!r}", f"a GRPO job reads prompts: {wanted}")
-    if task == "grpo":
+    elif (task in PROMPT_TASKS) != (data.format == "prompt"):
+        wanted = 'format = "prompt" (a prompt per record)' if task in PROMPT_TASKS else 'task = "grpo" or "rloo"'
+        reader = (
+            f"{PROMPT_TASKS[task]} reads prompts" if task in PROMPT_TASKS else "prompts are read by a GRPO or RLOO job"
+        )
+        c.problem("data.format", f"got {data.format!r} for task = {task!r}", f"{reader}: {wanted}")
+    if task in PROMPT_TASKS:
+        job = PROMPT_TASKS[task]
         if data.path is not None and not (isinstance(data.path, Path) and data.path.is_file()):
-            c.problem("data.path", f"{data.path}: a GRPO job reads a local JSON or JSON Lines file of prompts")
+            c.problem("data.path", f"{data.path}: {job} reads a local JSON or JSON Lines file of prompts")
+        config = "RLOOConfig" if task == "rloo" else "GRPOConfig"
         for key in sorted(set(table) - GRPO_DATA_KEYS):
-            hint = "[grpo] max_completion_length, as TRL's GRPOConfig" if key == "max_length" else None
-            why = 'not read for task = "grpo"' + (" (a GRPO job does not evaluate)" if "eval" in key else "")
+            hint = f"[{task}] max_completion_length, as TRL's {config}" if key == "max_length" else None
+            why = f'not read for task = "{task}"' + (f" ({job} does not evaluate)" if "eval" in key else "")
             c.problem(f"data.{key}", why, hint)
     if pairs is not None:
         for key, where in (("path", data.path), ("eval_path", data.eval_path)):

@@ -35,7 +35,7 @@ from .formats import (
     template_problems,
 )
 from .functions import function_ref_problem
-from .rl import DPO_LOSS_TYPES, DPOSpec, GRPOSpec, RewardSpec, loss_weights_problem
+from .rl import DPO_LOSS_TYPES, DPOSpec, GRPOSpec, RewardSpec, RLOOSpec, clip_range_problem, loss_weights_problem
 from .spec import (
     ATTN_IMPLEMENTATIONS,
     BYTE_TOKENIZER,
@@ -365,6 +365,17 @@ def loss_weights(c: Collector, value: Any, path: str, _: Mapping[str, Any]) -> A
     return value
 
 
+def reward_clip_range(c: Collector, value: Any, path: str, _: Mapping[str, Any]) -> Any:
+    """``rloo.reward_clip_range``: ``[low, high]`` (TRL's), or left out."""
+    if value is ABSENT:
+        return ABSENT
+    problem = clip_range_problem(path, value)
+    if problem is not None:
+        c.problems.append(problem)
+        return ABSENT
+    return value
+
+
 def loss_type(c: Collector, value: Any, path: str, _: Mapping[str, Any]) -> Any:
     """``dpo.loss_type``: a list of loss types, or one as a string (TRL's ``DPOConfig`` reads ``"ipo"`` as
     ``["ipo"]``)."""
@@ -381,9 +392,10 @@ def loss_type(c: Collector, value: Any, path: str, _: Mapping[str, Any]) -> Any:
 
 
 def trl_not_run(c: Collector, values: dict[str, Any], path: str, table: Mapping[str, Any]) -> None:
-    """What ``dsbuild train`` does not run of TRL's ``DPOConfig`` / ``GRPOConfig`` / ``RewardConfig``, refused by key
-    at other than the value that runs, with what to write instead (``trl_keys.NOT_RUN``)."""
-    read = job_keys({"dpo": DPOSpec, "grpo": GRPOSpec, "reward": RewardSpec}[path])
+    """What ``dsbuild train`` does not run of TRL's ``DPOConfig`` / ``GRPOConfig`` / ``RLOOConfig`` /
+    ``RewardConfig``, refused by key at other than the value that runs, with what to write instead
+    (``trl_keys.NOT_RUN``)."""
+    read = job_keys({"dpo": DPOSpec, "grpo": GRPOSpec, "rloo": RLOOSpec, "reward": RewardSpec}[path])
     c.problems.extend(not_run(path, table, values, read))
 
 
@@ -458,6 +470,7 @@ READERS: Final[dict[tuple[type, str], Reader]] = {
     (DPOSpec, "loss_weights"): loss_weights,
     (RewardsSpec, "weights"): loss_weights,
     (GRPOSpec, "scale_rewards"): scale_rewards,
+    (RLOOSpec, "reward_clip_range"): reward_clip_range,
     (ModelSpec, "config"): model_config,
     (ModelSpec, "attn_implementation"): attn_implementation,
     (ModelSpec, "lora"): lora,
@@ -484,6 +497,7 @@ CHECKS: Final[dict[type, tuple[Check, ...]]] = {
     RolloutSpec: (rollout_checks,),
     RewardsSpec: (rewards_checks,),
     GRPOSpec: (trl_not_run,),
+    RLOOSpec: (trl_not_run,),
     RewardSpec: (trl_not_run,),
 }
 """Each table's checks of its keys together, in order."""

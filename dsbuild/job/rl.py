@@ -1,5 +1,6 @@
 """The TRL-named specs of RL post-training: ``DPOSpec`` (TRL 1.16's ``DPOConfig``), ``GRPOSpec`` (``GRPOConfig``),
-``RewardSpec`` (``RewardConfig``) and TRL's check of GRPO's generation batch (``check_grpo_batch``).
+``RLOOSpec`` (``RLOOConfig``), ``RewardSpec`` (``RewardConfig``) and TRL's check of the generation batch
+(``check_grpo_batch``, ``dsbuild.job.generations``).
 
 Each key is a field named as TRL names it, with TRL's default and a ``Key`` in its metadata (``spec.Key``: the
 value's ``Spec``, checked with the config's coercion policy), so a job's ``[dpo]`` / ``[grpo]`` table can be read
@@ -26,6 +27,7 @@ import attrs
 from .._util.suggest import did_you_mean
 from ..config.fields import Spec, check_value, coerce, describe
 from ..errors import InvalidValueError, Problem, error_of
+from .generations import Generations, check_grpo_batch
 from .spec import Key, job_keys
 
 __all__ = [
@@ -39,8 +41,10 @@ __all__ = [
     "TRUNCATION_MODES",
     "DPOSpec",
     "GRPOSpec",
+    "RLOOSpec",
     "RewardSpec",
     "check_grpo_batch",
+    "clip_range_problem",
     "loss_weights_problem",
 ]
 
@@ -148,6 +152,16 @@ def loss_weights_problem(path: str, value: Any) -> Problem | None:
     if value is None or (isinstance(value, tuple) and value and all(_finite(x) for x in value)):
         return None
     return Problem(path, f"got {describe(value)}, expected a list of numbers")
+
+
+def clip_range_problem(path: str, value: Any) -> Problem | None:
+    """``reward_clip_range``: none, or ``[low, high]`` with ``low <= high``."""
+    value = _as_tuple(value)
+    if value is None:
+        return None
+    if isinstance(value, tuple) and len(value) == 2 and all(_finite(x) for x in value) and value[0] <= value[1]:
+        return None
+    return Problem(path, f"got {describe(value)}, expected [low, high], two numbers with low <= high")
 
 
 def _finite(x: Any) -> bool:
@@ -284,7 +298,7 @@ class DPOSpec:
 
 
 @attrs.frozen
-class GRPOSpec:
+class GRPOSpec(Generations):
     """GRPO's options, as TRL 1.16's ``GRPOConfig`` names them, with its defaults."""
 
     num_generations: int = _field("grpo", 8, "int", ge=2)
@@ -378,34 +392,6 @@ class GRPOSpec:
             found.append(Problem("grpo.max_completion_length", message, "set it", kind="rule"))
         return found
 
-    def generation_steps(self, per_device: int, world_size: int, accumulation: int) -> int:
-        """Micro-batch steps one generation batch feeds (TRL's ``steps_per_generation`` as ``GRPOConfig`` fills it):
-        ``steps_per_generation``, else ``generation_batch_size`` over the global batch (``per_device ×
-        world_size``), else the accumulation steps."""
-        if self.steps_per_generation is not None:
-            return self.steps_per_generation
-        if self.generation_batch_size is not None:
-            return max(self.generation_batch_size // (per_device * world_size), 1)
-        return accumulation
-
-    def completions(self, prompts: int, per_device: int, world_size: int, accumulation: int) -> int:
-        """The completions an epoch of ``prompts`` trains on, as TRL's ``RepeatSampler`` yields them: whole
-        generation batches (``per_device × world_size × generation_steps`` completions, ``num_generations`` per
-        prompt) of distinct prompts, the last incomplete one dropped, each trained on ``num_iterations`` times."""
-        generation_batch = per_device * world_size * self.generation_steps(per_device, world_size, accumulation)
-        per_batch = max(generation_batch // self.num_generations, 1)
-        return (prompts // per_batch) * generation_batch * self.num_iterations
-
-    @property
-    def epsilon_low(self) -> float:
-        """The lower clipping ε (``epsilon``), as ``GRPOTrainer`` names it."""
-        return self.epsilon
-
-    @property
-    def upper_epsilon(self) -> float:
-        """The upper clipping ε: ``epsilon_high``, else ``epsilon`` (``GRPOTrainer.__init__``)."""
-        return self.epsilon if self.epsilon_high is None else self.epsilon_high
-
     @classmethod
     def from_trl(cls, config: Any) -> GRPOSpec:
         """The spec of a TRL ``GRPOConfig``, or of a dict of its arguments (keys that are not GRPO's are left).
@@ -422,6 +408,96 @@ class GRPOSpec:
 
     def to_trl(self) -> dict[str, Any]:
         """The keyword arguments of TRL's ``GRPOConfig`` (with the training arguments: ``GRPOConfig(**these, ...)``)."""
+        return _trl(self)
+
+
+@attrs.frozen
+class RLOOSpec(Generations):
+    """RLOO's options, as TRL 1.16's ``RLOOConfig`` names them, with its defaults (the generation keys are
+    ``GRPOSpec``'s, with RLOO's defaults: 2 generations, ``beta`` 0.05)."""
+
+    num_generations: int = _field("rloo", 2, "int", ge=2)
+    """Completions sampled per prompt; the generation batch must hold whole groups. Default 2."""
+    num_generations_eval: int | None = _field("rloo", None, "int", nullable=True, ge=1)
+    """Completions per prompt in evaluation; default ``num_generations``."""
+    max_completion_length: int | None = _field("rloo", 512, "int", nullable=True, ge=1)
+    """Tokens generated per completion at most; default 512."""
+    ds3_gather_for_generation: bool = _field("rloo", True, "bool")
+    """Under ZeRO-3, gather the whole policy on every rank to generate; default on."""
+    shuffle_dataset: bool = _field("rloo", True, "bool")
+    """Draw the prompts in a seeded random order, or in the file's order; default on."""
+    generation_batch_size: int | None = _field("rloo", None, "int", nullable=True, ge=1)
+    """Completions generated at once; default ``per_device_train_batch_size × world size × steps_per_generation``."""
+    steps_per_generation: int | None = _field("rloo", None, "int", nullable=True, ge=1)
+    """Micro-batch steps one generation feeds; default ``gradient_accumulation_steps``."""
+    temperature: float = _field("rloo", 1.0, "float", gt=0)
+    """Sampling temperature (the log-probs divide the logits by it too); default 1."""
+    top_p: float = _field("rloo", 1.0, "float", gt=0, le=1)
+    """Nucleus sampling's cumulative probability; default 1."""
+    top_k: int = _field("rloo", 0, "int", ge=0)
+    """Sample from the k likeliest tokens; 0 (the default): every token."""
+    min_p: float | None = _field("rloo", None, "float", nullable=True, ge=0, le=1)
+    """Minimum probability relative to the likeliest token; default none."""
+    repetition_penalty: float = _field("rloo", 1.0, "float", gt=0)
+    """Penalty of tokens already in the prompt and completion; default 1 (none)."""
+    beta: float = _field("rloo", 0.05, "float", ge=0)
+    """Weight of the KL penalty on each completion's reward (first order, summed over its tokens); 0 loads no
+    reference. Default 0.05."""
+    num_iterations: int = _field("rloo", 1, "int", ge=1)
+    """Optimisation passes over each generation batch; default 1."""
+    epsilon: float = _field("rloo", 0.2, "float", ge=0)
+    """Lower clipping bound of the sequence ratio (``1 - epsilon``); default 0.2."""
+    epsilon_high: float | None = _field("rloo", None, "float", nullable=True, ge=0)
+    """Upper clipping bound (``1 + epsilon_high``); default ``epsilon``."""
+    normalize_advantages: bool = _field("rloo", False, "bool")
+    """Normalise the advantages over the generation batch (mean 0, std 1); default off."""
+    reward_clip_range: tuple[float, ...] | None = attrs.field(
+        default=None,
+        converter=_as_tuple,
+        validator=_judged(clip_range_problem, "rloo"),
+        metadata={
+            "job": Key(schema={"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 2}),
+            "judge": clip_range_problem,
+        },
+    )
+    """``[low, high]``: each reward clipped to it before the KL penalty; default none (not clipped)."""
+    mask_truncated_completions: bool = _field("rloo", False, "bool")
+    """Leave completions cut at ``max_completion_length`` out of the loss; default off."""
+    sync_ref_model: bool = _field("rloo", False, "bool")
+    """Mix the policy into the reference every ``ref_model_sync_steps`` (needs ``beta`` > 0); default off."""
+    ref_model_mixup_alpha: float = _field("rloo", 0.6, "float", ge=0, le=1)
+    """The mix: ``ref = α · policy + (1 - α) · ref``; default 0.6."""
+    ref_model_sync_steps: int = _field("rloo", 512, "int", gt=0)
+    """Steps between two syncs; default 512."""
+    log_completions: bool = _field("rloo", False, "bool")
+    """Write each generation batch's completions, rewards and advantages to ``completions.jsonl``; default off."""
+    num_completions_to_print: int | None = _field("rloo", None, "int", nullable=True, ge=0)
+    """How many completions ``log_completions`` logs at each generation; default all of them."""
+
+    def __attrs_post_init__(self) -> None:
+        _refuse(self.problems())
+
+    def problems(self) -> list[Problem]:
+        """What TRL refuses in these values together (each fine alone), as problems of kind ``"rule"``."""
+        found = []
+        if self.generation_batch_size is not None and self.steps_per_generation is not None:
+            message = "'generation_batch_size' and 'steps_per_generation' can not be both configured at the same time"
+            found.append(Problem("rloo.generation_batch_size", message, "keep one", kind="rule"))
+        if self.sync_ref_model and self.beta == 0.0:
+            message = "there is no reference to sync with beta = 0"
+            found.append(Problem("rloo.sync_ref_model", message, "set beta > 0 or sync_ref_model = false", kind="rule"))
+        return found
+
+    @classmethod
+    def from_trl(cls, config: Any) -> RLOOSpec:
+        """The spec of a TRL ``RLOOConfig``, or of a dict of its arguments (``GRPOSpec.from_trl``'s rules)."""
+        values = dict(config) if isinstance(config, Mapping) else _attributes(config, cls)
+        if not isinstance(config, Mapping):
+            values.pop("generation_batch_size", None)
+        return _read(cls, "rloo", values)
+
+    def to_trl(self) -> dict[str, Any]:
+        """The keyword arguments of TRL's ``RLOOConfig`` (with the training arguments)."""
         return _trl(self)
 
 
@@ -447,54 +523,3 @@ class RewardSpec:
     def to_trl(self) -> dict[str, Any]:
         """The keyword arguments of TRL's ``RewardConfig`` (with the training arguments)."""
         return _trl(self)
-
-
-def check_grpo_batch(
-    per_device_train_batch_size: int,
-    gradient_accumulation_steps: int,
-    world_size: int,
-    num_generations: int,
-    *,
-    steps_per_generation: int | None = None,
-    generation_batch_size: int | None = None,
-) -> list[Problem]:
-    """What TRL's ``GRPOConfig.__post_init__`` refuses in a run's generation batch, before anything starts.
-
-    The generation batch is ``generation_batch_size``, else ``per_device_train_batch_size × world_size ×
-    steps_per_generation`` (``steps_per_generation`` defaulting to ``gradient_accumulation_steps``); it must be a
-    multiple of the global batch (``per_device_train_batch_size × world_size``) and hold whole groups of
-    ``num_generations`` completions, and a group needs two completions. TRL's messages, each under the dotted key to
-    change, with the values that would do."""
-    problems: list[Problem] = []
-    global_batch = per_device_train_batch_size * world_size
-    if generation_batch_size is not None and steps_per_generation is not None:
-        message = "'generation_batch_size' and 'steps_per_generation' can not be both configured at the same time"
-        return [Problem("grpo.generation_batch_size", message, "keep one", kind="rule")]
-    if generation_batch_size is None:
-        steps = gradient_accumulation_steps if steps_per_generation is None else steps_per_generation
-        generation_batch_size = global_batch * steps
-        how = f"{per_device_train_batch_size} per device × {world_size} processes × {steps} steps per generation"
-    else:
-        how = "generation_batch_size"
-        if generation_batch_size % global_batch != 0:
-            message = (
-                f"generation_batch_size ({generation_batch_size}) must be divisible by the global batch size "
-                f"({global_batch})."
-            )
-            hint = f"the global batch is {per_device_train_batch_size} per device × {world_size} processes"
-            problems.append(Problem("grpo.generation_batch_size", message, hint, kind="rule"))
-    if num_generations >= 1 and generation_batch_size % num_generations != 0:
-        message = (
-            f"generation_batch_size ({generation_batch_size}) must be divisible by num_generations ({num_generations})."
-        )
-        fits = [g for g in range(2, generation_batch_size + 1) if generation_batch_size % g == 0][:6]
-        choices = f"num_generations in {', '.join(map(str, fits))}" if fits else "a larger batch"
-        hint = f"the generation batch is {how} = {generation_batch_size}: choose {choices}, or change the batch"
-        problems.append(Problem("grpo.num_generations", message, hint, kind="rule"))
-    if num_generations < 2:
-        message = (
-            "GRPO requires at least 2 generations per prompt to calculate the advantages. You provided "
-            f"{num_generations}, which is less than the minimum required."
-        )
-        problems.append(Problem("grpo.num_generations", message, kind="rule"))
-    return problems

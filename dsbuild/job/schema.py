@@ -17,7 +17,7 @@ from .._util.docstrings import attribute_docs, one_line
 from ..io.schema import DIALECT, json_schema, value_schema
 from ..resolve.training import Training
 from ..version import VERSION
-from .rl import DPOSpec, GRPOSpec, RewardSpec
+from .rl import DPOSpec, GRPOSpec, RewardSpec, RLOOSpec
 from .spec import (
     TASKS,
     DataSpec,
@@ -36,7 +36,7 @@ __all__ = ["job_schema"]
 _TABLES: dict[str, type] = {
     "model": ModelSpec, "data": DataSpec, "strategy": StrategySpec, "launch": LaunchSpec,
     "reference": ReferenceSpec, "dpo": DPOSpec, "rollout": RolloutSpec, "rewards": RewardsSpec, "grpo": GRPOSpec,
-    "reward": RewardSpec,
+    "reward": RewardSpec, "rloo": RLOOSpec,
 }  # fmt: skip
 _REQUIRED: dict[type, list[str]] = {DataSpec: ["path", "format"], StrategySpec: ["config"], RewardsSpec: ["functions"]}
 
@@ -54,8 +54,8 @@ def job_schema() -> dict[str, Any]:
             "enum": list(TASKS),
             "default": "sft",
             "description": 'What the job trains: "sft" (TRL\'s SFTTrainer), "dpo" (TRL\'s DPOTrainer: [reference] and '
-            '[dpo] are read), "grpo" (TRL\'s GRPOTrainer: [reference], [rollout], [rewards] and [grpo]) or "reward" '
-            "(TRL's RewardTrainer: [reward]).",
+            '[dpo] are read), "grpo" (TRL\'s GRPOTrainer: [reference], [rollout], [rewards] and [grpo]), "reward" '
+            "(TRL's RewardTrainer: [reward]) or \"rloo\" (TRL's RLOOTrainer: GRPO's tables with [rloo]).",
         },
         "training": _training(),
     }

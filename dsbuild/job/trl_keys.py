@@ -1,8 +1,9 @@
-"""The keys of TRL's ``DPOConfig``, ``GRPOConfig`` and ``RewardConfig`` that ``dsbuild train`` does not run, in one table: each with the
-one value it runs as TRL runs it (TRL's default, where the key then does nothing a job would miss), why another value
-is refused, and what to write instead. A ``[dpo]`` / ``[grpo]`` / ``[reward]`` table takes these keys (a config pasted from TRL reads),
-and ``not_run`` names each one set to another value by its dotted key. The keys of ``DPOSpec`` / ``GRPOSpec`` are the
-ones that run (``RewardSpec``'s for ``[reward]``); a TRL config's field in neither (a key of a newer TRL) fails ``tests/unit/test_trl_keys.py``.
+"""The keys of TRL's ``DPOConfig``, ``GRPOConfig``, ``RLOOConfig`` and ``RewardConfig`` that ``dsbuild train`` does not run, in one
+table: each with the one value it runs as TRL runs it (TRL's default, where the key then does nothing a job would miss),
+why another value is refused, and what to write instead. A ``[dpo]`` / ``[grpo]`` / ``[rloo]`` / ``[reward]`` table takes these keys (a
+config pasted from TRL reads), and ``not_run`` names each one set to another value by its dotted key. The keys of
+``DPOSpec`` / ``GRPOSpec`` / ``RLOOSpec`` are the ones that run (``RewardSpec``'s for ``[reward]``); a TRL config's field in neither
+(a key of a newer TRL) fails ``tests/unit/test_trl_keys.py`` (``test_rloo_job.py`` for ``RLOOConfig``).
 Stdlib only.
 """
 
@@ -13,7 +14,15 @@ from typing import Any, Final, NamedTuple
 
 from ..errors import Problem
 
-__all__ = ["GENERATION_KEYS", "NOT_RUN", "REWARD_NOT_RUN", "NotRun", "generation_kwargs_instead", "not_run"]
+__all__ = [
+    "GENERATION_KEYS",
+    "NOT_RUN",
+    "REWARD_NOT_RUN",
+    "RLOO_NOT_RUN",
+    "NotRun",
+    "generation_kwargs_instead",
+    "not_run",
+]
 
 
 class NotRun(NamedTuple):
@@ -145,6 +154,15 @@ GRPO_NOT_RUN: Final = {
     "log_completions_hub_repo": NotRun(None, _LOGS, _LOGS_INSTEAD),
 }
 
+_RLOO_AS_GRPO: Final = frozenset(
+    {"sync_ref_model", "model_init_kwargs", "trust_remote_code", "pad_to_multiple_of", "chat_template_kwargs",
+     "cache_implementation", "use_transformers_continuous_batching", "transformers_continuous_batching_config",
+     "use_transformers_paged", "reward_weights", "log_multimodal", "log_unique_prompts"}
+    | {key for key in GRPO_NOT_RUN if key.startswith("vllm_") and "importance_sampling" not in key}
+    | {"use_vllm"}
+)  # fmt: skip
+"""The keys of ``GRPO_NOT_RUN`` that ``RLOOConfig`` has too, refused for the same reason."""
+
 REWARD_NOT_RUN: Final = {
     "model_init_kwargs": DPO_NOT_RUN["model_init_kwargs"],
     "trust_remote_code": DPO_NOT_RUN["trust_remote_code"],
@@ -164,10 +182,20 @@ REWARD_NOT_RUN: Final = {
     "pad_token": DPO_NOT_RUN["pad_token"],
 }
 
+RLOO_NOT_RUN: Final = {
+    # RLOOConfig's keys are GRPOConfig's but for the loss: the same rows, an RLOO job named where a row names its job
+    **{key: row for key, row in GRPO_NOT_RUN.items() if key in _RLOO_AS_GRPO},
+    "num_generations_eval": NotRun(None, "an RLOO job does not evaluate (no eval data)", "leave it out"),
+    "router_aux_loss_coef": NotRun(None, "an RLOO job adds no mixture-of-experts router loss", "leave it out"),
+    "disable_dropout": GRPO_NOT_RUN["disable_dropout"]._replace(why="an RLOO job trains with the model's dropout"),
+    "generation_kwargs": NotRun(None, "TRL's generate arguments are [rloo]'s sampling keys", "see below"),
+}
+
 NOT_RUN: Final[Mapping[str, Mapping[str, NotRun]]] = {
     "dpo": DPO_NOT_RUN,
     "grpo": GRPO_NOT_RUN,
     "reward": REWARD_NOT_RUN,
+    "rloo": RLOO_NOT_RUN,
 }
 """By table: the TRL keys a job's table takes but runs only at one value."""
 
@@ -182,12 +210,12 @@ GENERATION_KEYS: Final = {
 """The arguments of ``generate`` (TRL's ``generation_kwargs``) that a ``[grpo]`` key sets, by that key."""
 
 
-def generation_kwargs_instead(value: Any) -> str:
-    """What to write instead of ``generation_kwargs = value``: the ``[grpo]`` sampling keys its entries map to, and
-    the entries no key sets."""
+def generation_kwargs_instead(value: Any, table: str = "grpo") -> str:
+    """What to write instead of ``generation_kwargs = value``: the sampling keys of ``[table]`` (``[grpo]``,
+    ``[rloo]``) its entries map to, and the entries no key sets."""
     if not isinstance(value, Mapping):
-        return f"set the sampling keys of [grpo]: {', '.join(dict.fromkeys(GENERATION_KEYS.values()))}"
-    mapped = [f"grpo.{GENERATION_KEYS[k]} = {_toml(v)}" for k, v in value.items() if k in GENERATION_KEYS]
+        return f"set the sampling keys of [{table}]: {', '.join(dict.fromkeys(GENERATION_KEYS.values()))}"
+    mapped = [f"{table}.{GENERATION_KEYS[k]} = {_toml(v)}" for k, v in value.items() if k in GENERATION_KEYS]
     other = [str(k) for k in value if k not in GENERATION_KEYS]
     parts = [f"write {', '.join(mapped)}"] if mapped else []
     if other:
@@ -207,7 +235,7 @@ def not_run(
         value = values[key] if key in read else table[key]
         if _same(value, row.runs):
             continue
-        instead = generation_kwargs_instead(value) if key == "generation_kwargs" else row.instead
+        instead = generation_kwargs_instead(value, table_path) if key == "generation_kwargs" else row.instead
         instead = instead.replace("{value}", _toml(value))
         problems.append(Problem(f"{table_path}.{key}", f"{row.why}", instead))
     return problems

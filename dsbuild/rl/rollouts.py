@@ -32,15 +32,17 @@ import torch
 from torch.utils.data import Sampler
 
 from ..errors import CheckpointError, FunctionError
-from ..job.rl import GRPOSpec
+from ..job.rl import GRPOSpec, RLOOSpec
 from ..session import distributed
 from .buffer import Generation
 from .completions import CompletionLog
 from .grpo import advantages_and_std, grpo_loss, nanstd
 from .logits import Stats, by_token, logits_read
+from .losses import sequence_logps
 from .rewards import EventLoop, Failure, RewardFunction, score
+from .rloo import penalized_rewards, rloo_advantages, rloo_loss, sequence_kl
 
-__all__ = ["GRPOSteps", "GenerationSampler", "RewardFunction", "prompt_order"]
+__all__ = ["GRPOSteps", "GenerationSampler", "RLOOSteps", "RewardFunction", "prompt_order"]
 
 logger = logging.getLogger("dsbuild")
 
@@ -86,7 +88,15 @@ class GenerationSampler(Sampler[int]):
     ``batch_size`` gives one micro-step's records a batch. ``set_epoch`` as a ``DistributedSampler``'s."""
 
     def __init__(
-        self, prompts: int, spec: GRPOSpec, *, per_device: int, accumulation: int, world_size: int, rank: int, seed: int
+        self,
+        prompts: int,
+        spec: GRPOSpec | RLOOSpec,
+        *,
+        per_device: int,
+        accumulation: int,
+        world_size: int,
+        rank: int,
+        seed: int,
     ) -> None:
         self.prompts, self.spec, self.seed = prompts, spec, seed
         self.steps = spec.generation_steps(per_device, world_size, accumulation)
@@ -130,7 +140,7 @@ class GRPOSteps:
     def __init__(
         self,
         session: Any,
-        spec: GRPOSpec,
+        spec: GRPOSpec | RLOOSpec,
         rewards: Sequence[RewardFunction],
         *,
         weights: Sequence[float] | None = None,
@@ -255,7 +265,9 @@ class GRPOSteps:
         all_lengths = [n for _, _, ns, *_ in gathered for n in ns]
         cut = [t for _, _, _, ts, *_ in gathered for t in ts]
         names = [ref.rsplit(":", 1)[-1] for ref, _ in self.rewards]  # TRL names a function by its __name__
-        advantages, metrics = advantages_and_metrics(rewards_per_func, self.weights, names, self.spec, all_lengths, cut)
+        batch = self._batch(prompt_ids, completion_ids, truncated)
+        advantages, metrics = self._advantages(rewards_per_func, batch.tensors)
+        metrics.update(reward_metrics(rewards_per_func, self.weights, names, metrics.pop("std"), all_lengths, cut))
         for name in sorted({name for *_, logs, _, _ in gathered for name in logs}):  # TRL: averaged over processes
             values = [v for *_, logs, _, _ in gathered for v in logs.get(name, [])]
             metrics[name] = sum(values) / len(values)
@@ -266,8 +278,16 @@ class GRPOSteps:
                                     [c for _, cs in every for c in cs], rewards_per_func.tolist(), advantages.tolist())  # fmt: skip
         metrics["num_tokens"] = float(self.tokens_seen)
         start = self.session.rank * len(records)
-        batch = self._batch(prompt_ids, completion_ids, truncated, advantages[start : start + len(records)])
+        batch.tensors["advantages"] = advantages[start : start + len(records)].float()
         return batch, metrics
+
+    def _advantages(self, rewards_per_func: torch.Tensor, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Any]:
+        """The advantages of every process's completions and what TRL logs beside ``reward_metrics`` (``"std"``: the
+        std whose zeros it counts): GRPO's group advantages (``RLOOSteps``': RLOO's, of this process's batch too)."""
+        assert isinstance(self.spec, GRPOSpec)
+        rewards = weighted_rewards(rewards_per_func, self.weights)
+        advantages, std = advantages_and_std(rewards, self.spec.num_generations, scale_rewards=self.spec.scale_rewards)
+        return advantages, {"std": std}
 
     def _sync_weights(self) -> None:
         """The policy's full weights to the weight sink (``sink(name, tensor)`` on every process, one bucket gathered
@@ -351,32 +371,19 @@ class GRPOSteps:
         first function that failed and how (``rewards.score``; what it raised appended to ``raised``), each called
         with TRL's keyword arguments."""
         arguments = {"prompts": prompts, "completions": completions, "completion_ids": completion_ids, **columns,
-                     "trainer_state": self._trainer_state(), "log_extra": _dropped, "log_metric": self._log_metric}  # fmt: skip
+                     "trainer_state": trainer_state(self.session), "log_extra": _dropped, "log_metric": self._log_metric}  # fmt: skip
         return score(self.rewards, arguments, len(prompts), self.loop, raised)
-
-    def _trainer_state(self) -> Any:
-        """TRL's ``trainer_state`` as far as a job has it: the steps done and the run's steps."""
-        from transformers import TrainerState
-
-        session = self.session
-        return TrainerState(global_step=int(getattr(session, "global_step", 0)),
-                            max_steps=int(getattr(session, "total_steps", None) or 0))  # fmt: skip
 
     def _log_metric(self, name: str, value: float) -> None:
         """TRL's ``log_metric``: ``value`` logged with this step's metrics under ``name``, averaged over the calls
         of every process."""
         self.logged[name].append(float(value))
 
-    def _batch(
-        self,
-        prompt_ids: list[list[int]],
-        completion_ids: list[list[int]],
-        truncated: list[bool],
-        advantages: torch.Tensor,
-    ) -> Generation:
+    def _batch(self, prompt_ids: list[list[int]], completion_ids: list[list[int]], truncated: list[bool]) -> Generation:
         """The generation batch as TRL lays it out (prompts left-padded and completions right-padded across the whole
         batch), the reference's log-probs and, when a micro-batch may be trained on after the policy stepped, the
-        policy's own (the old log-probs: ``GRPOTrainer._generate_and_score_completions``). Collective."""
+        policy's own (the old log-probs: ``GRPOTrainer._generate_and_score_completions``); its advantages are added
+        once the rewards are known (``_advantages``). Collective."""
         prompts, prompt_mask = _pad(prompt_ids, self.pad_id, left=True)
         completions, completion_mask = _pad(completion_ids, self.pad_id, left=False)
         if self.spec.mask_truncated_completions:
@@ -387,7 +394,6 @@ class GRPOSteps:
             "input_ids": torch.cat([prompts, completions], dim=1),
             "attention_mask": torch.cat([prompt_mask, completion_mask], dim=1),
             "completion_mask": torch.cat([torch.zeros_like(prompt_mask), completion_mask], dim=1),
-            "advantages": advantages.float(),
         }
         with torch.no_grad():
             if self.computes_old_logps:
@@ -405,6 +411,7 @@ class GRPOSteps:
         micro-batch's loss by the accumulation steps, where TRL's loss is already divided (``loss_is_scaled_for_ga``)
         or normalised over the generation batch, so the loss here is TRL's times the accumulation steps."""
         spec, session = self.spec, self.session
+        assert isinstance(spec, GRPOSpec)
         mask = batch["completion_mask"]
         with logits_read(session, spec.temperature) as seen:
             logps = session.logprobs(batch, completion_mask=mask, temperature=spec.temperature)
@@ -421,6 +428,57 @@ class GRPOSteps:
         )  # fmt: skip
         metrics = out.metrics(over_processes=True)  # TRL's: each over every process's tokens (collective)
         return {"loss": out.loss, **metrics, **entropy(seen, mask, session.engine.device), **batch["metrics"]}
+
+
+class RLOOSteps(GRPOSteps):
+    """``fit``'s ``rollout`` and ``loss_fn`` of an RLOO job: GRPO's generation batches, rewards and layout
+    (``GRPOSteps``), RLOO's advantages (``rl.rloo``: the KL penalty on each reward, the leave-one-out baseline) and
+    loss, as TRL 1.16's ``RLOOTrainer``. The policy's log-probs are always kept when a batch is generated: the ratio
+    and the KL penalty read them (TRL computes them every time)."""
+
+    def __init__(self, session: Any, spec: RLOOSpec, rewards: Sequence[RewardFunction], **options: Any) -> None:
+        super().__init__(session, spec, rewards, **options)
+        self.computes_old_logps = True
+
+    def _advantages(self, rewards_per_func: torch.Tensor, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Any]:
+        """RLOO's advantages of the whole generation batch (``_generate_and_score_completions``, rloo_trainer.py:
+        1648-1716): the rewards clipped, less β times each completion's KL (every process's gathered), then the
+        leave-one-out baseline; logged: ``kl``, the mean over every process's completion tokens. Collective with
+        ``beta`` > 0."""
+        spec = self.spec
+        assert isinstance(spec, RLOOSpec)
+        rewards, logged, kl = weighted_rewards(rewards_per_func, self.weights), {}, None
+        if spec.beta != 0.0:
+            mask = batch["completion_mask"].float()
+            local = sequence_kl(batch["old_logps"], batch["ref_logps"], mask)
+            kl = torch.tensor([k for ks in distributed.all_objects(local.tolist()) for k in ks], dtype=local.dtype)
+            total, count = distributed.all_sum([float(local.sum()), float(mask.sum())], self.session.engine.device)
+            logged["kl"] = total / max(count, 1.0)
+        rewards = penalized_rewards(rewards, reward_clip_range=spec.reward_clip_range, beta=spec.beta, kl=kl)
+        advantages, std = rloo_advantages(rewards, spec.num_generations, normalize_advantages=spec.normalize_advantages)
+        return advantages, {**logged, "std": std}
+
+    def loss_fn(self, _engine: Any, batch: Mapping[str, Any]) -> dict[str, Any]:
+        """TRL's RLOO loss of one micro-batch and its metrics (``rloo_loss``): unscaled, as ``fit`` wants it (TRL's
+        ``loss_is_scaled_for_ga = False``: the HF Trainer divides it by the accumulation steps, as DeepSpeed does)."""
+        spec, session = self.spec, self.session
+        assert isinstance(spec, RLOOSpec)
+        mask = batch["completion_mask"]
+        with logits_read(session, spec.temperature) as seen:
+            logps = session.logprobs(batch, completion_mask=mask, temperature=spec.temperature)
+        old = sequence_logps(batch["old_logps"].to(logps.device), mask.to(logps.device))
+        out = rloo_loss(logps, old, batch["advantages"].to(logps.device), mask.to(logps.device),
+                        epsilon_low=spec.epsilon_low, epsilon_high=spec.upper_epsilon)  # fmt: skip
+        metrics = out.metrics(over_processes=True)  # TRL's: over every process's sequences (collective)
+        return {"loss": out.loss, **metrics, **entropy(seen, mask, session.engine.device), **batch["metrics"]}
+
+
+def trainer_state(session: Any) -> Any:
+    """TRL's ``trainer_state`` as far as a job has it: the steps done and the run's steps."""
+    from transformers import TrainerState
+
+    return TrainerState(global_step=int(getattr(session, "global_step", 0)),
+                        max_steps=int(getattr(session, "total_steps", None) or 0))  # fmt: skip
 
 
 def entropy(seen: list[Stats], mask: torch.Tensor, device: Any) -> dict[str, float]:
@@ -449,20 +507,27 @@ def failed(session: Any, rank: int, failure: tuple[str, str]) -> FunctionError:
     return FunctionError(f"the reward function {name} {what}{where}: training stopped before step {step} ({saved})")
 
 
-def advantages_and_metrics(
-    rewards_per_func: torch.Tensor,
-    weights: torch.Tensor,
-    names: Sequence[str],
-    spec: GRPOSpec,
-    lengths: list[int],
-    truncated: list[bool],
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Group advantages of the whole generation batch's rewards (each function's column weighted) and what TRL logs
-    of them and of the completions' lengths (``_generate_and_score_completions``)."""
+def weighted_rewards(rewards_per_func: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Each completion's reward: each function's column weighted and summed, NaN where no function scored it (TRL's
+    ``_generate_and_score_completions``, GRPO's and RLOO's alike)."""
     unscorable = torch.isnan(rewards_per_func).all(dim=1)
     rewards = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)
     rewards[unscorable] = torch.nan
-    advantages, std = advantages_and_std(rewards, spec.num_generations, scale_rewards=spec.scale_rewards)
+    return rewards
+
+
+def reward_metrics(
+    rewards_per_func: torch.Tensor,
+    weights: torch.Tensor,
+    names: Sequence[str],
+    std: torch.Tensor,
+    lengths: list[int],
+    truncated: list[bool],
+) -> dict[str, float]:
+    """What TRL logs of the whole generation batch's rewards and of its completions' lengths
+    (``_generate_and_score_completions``, GRPO's and RLOO's alike); ``std``: the reward std of each advantage's
+    scaling (GRPO) or each group (RLOO), whose share of zeros is ``frac_reward_zero_std``."""
+    rewards = weighted_rewards(rewards_per_func, weights)
     metrics = {}
     for j, name in enumerate(names):
         metrics[f"rewards/{name}/mean"] = torch.nanmean(rewards_per_func[:, j]).item()
@@ -480,7 +545,7 @@ def advantages_and_metrics(
     metrics["completions/mean_terminated_length"] = terminated.mean().item()
     metrics["completions/min_terminated_length"] = terminated.min().item()
     metrics["completions/max_terminated_length"] = terminated.max().item()
-    return advantages, metrics
+    return metrics
 
 
 def _dropped(column: str, values: list[Any]) -> None:

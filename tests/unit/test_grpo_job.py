@@ -199,7 +199,7 @@ def test_a_grpo_job_reads_its_tables_with_trls_defaults(tmp_path: Path) -> None:
          'data.eval_path: not read for task = "grpo" (a GRPO job does not evaluate)'),
         (GRPO.replace('path = "prompts.jsonl"', 'path = "org/prompts"'), "data.path: org/prompts: a GRPO job reads"),
         (GRPO.replace('task = "grpo"', 'task = "sft"').replace('format = "prompt"', 'format = "alpaca"'),
-         "rewards: [rewards] is read by task = 'grpo'; this job's task is 'sft'"),
+         "rewards: [rewards] is read by task = 'grpo' or task = 'rloo'; this job's task is 'sft'"),
     ],
 )  # fmt: skip
 def test_bad_grpo_jobs_name_the_key(tmp_path: Path, text: str, expected: str) -> None:
@@ -209,11 +209,11 @@ def test_bad_grpo_jobs_name_the_key(tmp_path: Path, text: str, expected: str) ->
 
 
 def test_a_reference_table_is_read_by_dpo_and_grpo_and_named_once_for_sft(tmp_path: Path) -> None:
-    """``[reference]`` belongs to two tasks: an SFT job that has it gets one problem naming both."""
+    """``[reference]`` belongs to three tasks: an SFT job that has it gets one problem naming them all."""
     text = GRPO.replace('task = "grpo"', 'task = "sft"').replace('format = "prompt"', 'format = "alpaca"')
     found = _problems(_write(tmp_path, text.replace('[rewards]\n    functions = ["my_rewards:length"]', "[reference]")))
     assert [p for p in found if p.startswith("reference:")] == [
-        "reference: [reference] is read by task = 'dpo' or task = 'grpo'; this job's task is 'sft' "
+        "reference: [reference] is read by task = 'dpo' or task = 'grpo' or task = 'rloo'; this job's task is 'sft' "
         '(set task = "dpo", or leave [reference] out)'
     ]
 

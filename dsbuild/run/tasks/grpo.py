@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 from ...job import Job
 
 if TYPE_CHECKING:
+    from ...job.rl import GRPOSpec, RLOOSpec
+    from ...rl.rollouts import GRPOSteps
     from . import Parts
 
 __all__ = ["TASK", "Named", "job_functions"]
@@ -20,7 +22,7 @@ Named = tuple[str, Callable[..., Any]]
 
 
 def job_functions(job: Job) -> dict[str, list[Named]]:
-    """A GRPO job's functions by table key: ``"rewards"`` (each reward function), ``"rollout"`` and
+    """A GRPO or RLOO job's functions by table key: ``"rewards"`` (each reward function), ``"rollout"`` and
     ``"weight_sink"`` (none or one each), imported from the job file's folder first (``job.functions.load_function``:
     a job file that names a function runs that code). One ``ConfigError`` naming every one that cannot be found."""
     from ...errors import ConfigError
@@ -57,6 +59,16 @@ class GRPO:
         """The records as they are: the rollout makes the tensors (``dsbuild.rl.rollouts``)."""
         return list
 
+    def spec(self, job: Job) -> GRPOSpec | RLOOSpec | None:
+        """The table of the task's options: ``[grpo]`` (``RLOO``: ``[rloo]``)."""
+        return job.grpo
+
+    def steps(self) -> type[GRPOSteps]:
+        """What trains on the generation batches: ``GRPOSteps`` (``RLOO``: ``RLOOSteps``)."""
+        from ...rl.rollouts import GRPOSteps
+
+        return GRPOSteps
+
     def parts(self, job: Job, ready: Any, say: Callable[[str], None]) -> Parts:
         """The data loader (TRL's prompt order, this process's share: ``GenerationSampler``) and the steps
         (``GRPOSteps``: the rollout of each optimizer step and the loss of each micro-batch), the reward models and
@@ -64,25 +76,26 @@ class GRPO:
         from torch.utils.data import DataLoader
 
         from ...rl.reward_models import reward_model
-        from ...rl.rollouts import GenerationSampler, GRPOSteps
+        from ...rl.rollouts import GenerationSampler
         from . import Parts
 
-        assert job.grpo is not None and job.rewards is not None
+        spec = self.spec(job)
+        assert spec is not None and job.rewards is not None
         session = ready.session
         functions = job_functions(job)
         reference = None
-        if job.grpo.beta != 0.0:
+        if spec.beta != 0.0:
             where = job.reference
             reference = session.reference(where.path if where else None, offload=bool(where and where.offload),
                                           disable_dropout=False)  # fmt: skip
-        sampler = GenerationSampler(len(ready.train), job.grpo, per_device=session.micro_batch_size,
+        sampler = GenerationSampler(len(ready.train), spec, per_device=session.micro_batch_size,
                                     accumulation=session.gradient_accumulation_steps, world_size=session.world_size,
                                     rank=session.rank, seed=job.training.seed)  # fmt: skip
         loader: DataLoader[Any] = DataLoader(ready.train, batch_size=sampler.batch_size,
                                              sampler=sampler, collate_fn=list)  # fmt: skip
         # The reward models first: under ZeRO-3 their forward is collective, and no function can have failed before.
         models = [reward_model(session, path, offload=job.rewards.offload_models) for path in job.rewards.models]
-        steps = GRPOSteps(session, job.grpo, [*models, *functions["rewards"]], weights=job.rewards.weights,
+        steps = self.steps()(session, spec, [*models, *functions["rewards"]], weights=job.rewards.weights,
                           reference=reference, rollout=next(iter(functions["rollout"]), None),
                           weight_sink=next(iter(functions["weight_sink"]), None))  # fmt: skip
         return Parts(ready, loader, steps.loss_fn, steps)
