@@ -142,7 +142,7 @@ def add_plan(commands: Commands) -> None:
 def _plan(args: argparse.Namespace) -> int:
     import attrs
 
-    from ..planner import MIXED_ADAM, format_plan_table, parse_count, plan, plan_to_json
+    from ..planner import MIXED_ADAM, format_plan_table, parse_count, plan, plan_to_json, with_staging
     from ..resolve.batch import degrees
     from .common import job_of
 
@@ -194,6 +194,10 @@ def _plan(args: argparse.Namespace) -> int:
         precision=precision,
         **facts,
     )
+    if job is not None and job.training.async_save:  # each process's checkpoint copied into CPU memory as it saves
+        from ..planner.count import count_lora
+
+        result = with_staging(result, count_lora(model, lora) if lora is not None else result.params)
     out(json.dumps(plan_to_json(result), indent=2) if args.json else format_plan_table(result))
     if args.emit is not None:
         if result.recommended is None:

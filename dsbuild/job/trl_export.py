@@ -36,7 +36,7 @@ _SFT_DATA: Final = {
 _DATA_READ: Final = frozenset({"path", "format", "split", "eval_split", "columns", "dataset_text_field"})
 """``[data]`` keys the export writes otherwise (or that TRL tells from the dataset: ``format``)."""
 
-_SKIPPED: Final = frozenset({"given", "problems", "missing", "output_dir", "warmup_ratio"})
+_SKIPPED: Final = frozenset({"given", "problems", "missing", "output_dir", "warmup_ratio", "async_save"})
 
 
 def trl_config(job: Job) -> tuple[dict[str, Any], list[Note]]:

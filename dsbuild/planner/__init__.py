@@ -22,6 +22,7 @@ enough. Only an architecture the analytic counter does not know is built on
 PyTorch's ``meta`` device (no memory allocated) to count it.
 """
 
+from .checkpoint_copy import Staging, staging, with_staging
 from .core import DEFAULT_MICRO_BATCH, DEFAULT_NVME_PATH, DEFAULT_SEQ_LEN, SPEED_ORDER, Plan, Row, plan
 from .count import ModelSize, Shape, count_params
 from .memory import (
@@ -52,6 +53,7 @@ __all__ = [
     "Precision",
     "Row",
     "Shape",
+    "Staging",
     "StateBytes",
     "activations",
     "count_params",
@@ -64,4 +66,6 @@ __all__ = [
     "parse_size",
     "plan",
     "plan_to_json",
+    "staging",
+    "with_staging",
 ]

@@ -259,6 +259,10 @@ class Training:
     """Keep at most this many checkpoints (older ones deleted); default none (keep all)."""
     save_on_each_node: bool = _arg(False, _BOOL)
     """Save on every node rather than the main one (fills ``checkpoint.use_node_local_storage``); default false."""
+    async_save: bool = _arg(False, _BOOL)
+    """Save checkpoints without stopping training (torch distributed checkpoint's, Megatron's and NeMo's name): each
+    process copies its state into CPU memory and writes it in the background; the checkpoint counts once every file is
+    written and its manifest is (docs/jobs.md, "Runs that lose nothing"); default false."""
     logging_strategy: str = _arg("steps", _STRATEGY)
     """When metrics are logged: ``"steps"`` (every ``logging_steps``), ``"epoch"`` or ``"no"``; default ``"steps"``."""
     logging_first_step: bool = _arg(False, _BOOL)

@@ -20,7 +20,7 @@ from ..validate import Diagnostic
 from ..validate.deepspeed_verdict import deepspeed_verdict
 from .model import model_problems
 
-__all__ = ["launch_checks", "parallel_problems", "refused", "validate_job"]
+__all__ = ["launch_checks", "parallel_problems", "refused", "staging_problems", "validate_job"]
 
 
 def validate_job(job: Job, *, world_size: int | None = None, deepspeed: bool = False) -> list[Diagnostic]:
@@ -64,6 +64,8 @@ def launch_checks(job: Job, *, world_size: int | None = None, hub: bool = True) 
     found += [Diagnostic(p.path, "error", p.message, p.hint) for p in problems]
     if not problems:
         found += parallel_problems(job, world)
+    if not problems and job.training.async_save:
+        found += staging_problems(job, world)
     more, data = _data_checks(job, tokenize=not problems)
     return found + more, data
 
@@ -91,6 +93,30 @@ def refused(job: Job) -> list[Diagnostic]:
 
     reason = deepcompile_refusal(ds_config)
     return [*found, Diagnostic("compile.deepcompile", "error", reason)] if reason else found
+
+
+def staging_problems(job: Job, world_size: int) -> list[Diagnostic]:
+    """``training.async_save``: the copy each checkpoint takes in CPU memory (``planner.checkpoint_copy``, for the
+    job's model, ZeRO stage and processes) against what this node has available; nothing where the model cannot be
+    counted here (a hub model not in the cache: the run counts it at its start)."""
+    from ..errors import DsbuildError
+    from ..planner import Precision, count_params, staging
+    from ..planner.checkpoint_copy import REFUSAL_HINT, available_memory
+    from ..planner.checkpoint_copy import refusal as staging_refusal
+    from ..planner.count import count_lora
+
+    model = dict(job.model.config) if job.model.config is not None else job.model.name_or_path
+    try:
+        total = count_params(model).params
+        trained = count_lora(model, job.model.lora.to_peft()) if job.model.lora is not None else total
+    except (DsbuildError, OSError, ValueError, ImportError):  # a hub model not cached: the run counts it at start
+        return []
+    zero = job.config.zero_optimization
+    stage = zero.stage if zero is not None and isinstance(zero.stage, int) else 0
+    precision = Precision.of(job.config, job.model.dtype if isinstance(job.model.dtype, str) else None)
+    copy = staging(stage, trained, world_size, job.launch.nproc_per_node, precision)
+    reason = staging_refusal(copy, available_memory())
+    return [Diagnostic("training.async_save", "error", reason, REFUSAL_HINT)] if reason else []
 
 
 def parallel_problems(job: Job, world_size: int) -> list[Diagnostic]:

@@ -22,7 +22,7 @@ import torch
 
 from ..errors import CheckpointError, SessionError
 from ..outputs import manifest
-from . import distributed, universal, weights_only
+from . import async_save, distributed, universal, weights_only
 
 __all__ = ["load", "position_state", "require_shared", "save"]
 
@@ -61,6 +61,8 @@ def save(
     main = distributed.local_rank() == 0 if node_local else rank == 0
     tag_dir = save_dir / tag
     writer = weights_only.install(engine)
+    if main:
+        async_save.remove_partials(save_dir)  # what an asynchronous save killed mid-write left
     if main and (tag_dir / manifest.MANIFEST).exists():
         (tag_dir / manifest.MANIFEST).unlink()  # being rewritten: incomplete until its new manifest
         shutil.rmtree(tag_dir / universal.FOLDER, ignore_errors=True)  # converted from what is being replaced

@@ -101,6 +101,10 @@ class Engine:
             checkpoint_digest=self.checkpoint_digest,
             sp=self.sequence_parallel_size,
         )
+        if self.training is not None and self.training.async_save:
+            from .async_save import announce
+
+            announce(self.deepspeed, self.config, self.zero_stage)  # the copy a checkpoint takes in CPU memory
         return self.deepspeed
 
     def _unknown_steps(self) -> None:
@@ -183,10 +187,14 @@ class Engine:
         return total
 
     def micro_step(
-        self, batch: Any, loss_fn: Callable[[Any, Any], Any] | None, num_items: int | None, boundary: bool | None
+        self,
+        batch: Any,
+        loss_fn: Callable[[Any, Any], Any] | None,
+        num_items: int | None,
+        boundary: bool | None,
+        group: int | None = None,
     ) -> StepOutput:
-        """One micro-batch: forward, backward, DeepSpeed's step (``boundary``: see ``batches.micro_step``)."""
+        """One micro-batch: forward, backward, DeepSpeed's step (``boundary``, ``group``: see ``batches.micro_step``)."""
         assert self.deepspeed is not None
-        return micro_step(
-            self.deepspeed, batch, self.model, loss_fn, num_items=num_items, boundary=boundary, scale=self.loss_scale
-        )
+        return micro_step(self.deepspeed, batch, self.model, loss_fn, num_items=num_items, boundary=boundary,
+                          scale=self.loss_scale, group=group)  # fmt: skip

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import SessionError
 from ..outputs import history, manifest
 from ..outputs.run_folder import RunFolder
-from . import batches, checkpoints, distributed, export, loop, weights_only
+from . import async_save, batches, checkpoints, distributed, export, loop, weights_only
 from .offload import at_home
 
 if TYPE_CHECKING:
@@ -28,6 +28,9 @@ class Persist:
     last_saved: str | None
     hooks: loop.Hooks
     tokenizer: Any
+    training: Any
+    _saves: async_save.AsyncSaves | None = None
+    """The asynchronous saves (``training.async_save``), made at the first."""
 
     @property
     def engine(self) -> DeepSpeedEngine:
@@ -65,12 +68,38 @@ class Persist:
         engine = self.engine
         tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
         position = checkpoints.position_state(engine, self.position)
+        if self.training is not None and self.training.async_save:  # staged now, written in the background
+            self._saves = self._saves or async_save.AsyncSaves()
+            self.finish_saving(waiting=tag)
+            self._saves.start(engine, self._checkpoint_dir(path), tag, position=position, facts=self.run_facts,
+                              frozen_excluded=export.is_peft(self.model), keep_last=self.keep_last)  # fmt: skip
+            self.last_saved = tag
+            return tag
+        self.finish_saving(waiting=tag)
         checkpoints.save(engine, self._checkpoint_dir(path), tag, position=position, facts=self.run_facts,
                          frozen_excluded=export.is_peft(self.model), keep_last=self.keep_last)  # fmt: skip
         self.last_saved = tag
         if self.hooks.after_save is not None:
             self.hooks.after_save(self._checkpoint_dir(path) / tag)
         return tag
+
+    @property
+    def saving(self) -> async_save.AsyncSaves | None:
+        """The asynchronous saves while one is in flight (``training.async_save``), else ``None``."""
+        return self._saves if self._saves is not None and self._saves.flight is not None else None
+
+    @distributed.quietly
+    def finish_saving(self, *, waiting: str | None = None) -> str | None:
+        """Collective: wait for the checkpoint being written in the background (``training.async_save``) and make it
+        count (its manifest written, ``latest`` moved); its tag, or ``None`` when none is in flight."""
+        if self._saves is None:
+            return None
+        return self._saves.finish(waiting=waiting, after_save=self.hooks.after_save)
+
+    def close(self) -> None:
+        """Collective: the end of a session: a checkpoint still being written in the background is waited for and
+        made to count (``finish_saving``). Call it when a loop of your own ends; ``fit`` waits at its end itself."""
+        self.finish_saving()
 
     @at_home
     @distributed.quietly
@@ -80,6 +109,7 @@ class Persist:
         exactly. Returns ``tag``, ``global_step``, ``epoch``, ``batch_in_epoch``, ``micro_batches`` (where a loop of
         your own continues) and ``skipped`` (damaged checkpoints passed over); docs/session.md."""
         engine = self.engine
+        self.finish_saving()  # a checkpoint still being written counts first (it may be the one to load)
         name, state, skipped = checkpoints.load(engine, self._checkpoint_dir(path), tag, facts=self.run_facts,
                                                 module_strict=not export.is_peft(self.model))  # fmt: skip
         engine.micro_steps = int(state["micro_steps"])  # DeepSpeed restores global_steps, not micro_steps

@@ -307,7 +307,7 @@ class Session(Persist, Capabilities):
         record.run_ended(logs=plan.log_epochs and self.position.batch_in_epoch > 0)
         if plan.save_at_end:
             self._save_now(record)  # the end of training is always saved, as the HF Trainer does
-        return record.records
+        return record.ended()
 
     def _save_now(self, record: Recorder) -> None:
         """A checkpoint of the step the run is at, unless this session just saved or loaded it."""
@@ -398,6 +398,12 @@ class Recorder:
     def flush(self) -> None:
         self.kept.flush()
 
+    def ended(self) -> list[dict[str, Any]]:
+        """The end of ``fit``: a checkpoint still being written in the background counts first (``finish_saving``);
+        the records."""
+        self.session.finish_saving(waiting=None)
+        return self.records
+
     def __enter__(self) -> Recorder:
         return self
 
@@ -439,7 +445,7 @@ def optimizer_step(
         samples, tokens = counts(batch)
         if isinstance(loader, parallel.SequenceShards):  # a group's shards are one micro-batch: count it once
             samples = loader.samples if loader.first else 0
-        out = session._engine.micro_step(batch, loss_fn, num_items, i == len(group) - 1)
+        out = session._engine.micro_step(batch, loss_fn, num_items, i == len(group) - 1, len(group))
         session.position.batch_in_epoch += 1
         window = [window[0] + out.loss, window[1] + samples, window[2] + tokens]
         metrics = {name: metrics.get(name, 0.0) + value for name, value in out.metrics.items()}
@@ -449,10 +455,14 @@ def optimizer_step(
     asked = session.hooks.stop_requested() if session.hooks.stop_requested is not None else None
     noted[session.rank] = float(loop.stop_code(stop.check() or asked))
     names = sorted(metrics)  # every process's loss_fn returns the same names
-    summed = distributed.all_sum([*window, *(metrics[n] for n in names), *noted], engine.device)
+    # A checkpoint written in the background (async_save) counts at the first step every process has written it.
+    writing = [float(session.saving.written())] if session.saving is not None else []
+    summed = distributed.all_sum([*window, *(metrics[n] for n in names), *noted, *writing], engine.device)
     loss_sum, samples_sum, tokens_sum = summed[:3]
     means = {n: v / (len(group) * session.world_size) for n, v in zip(names, summed[3 : 3 + len(names)], strict=True)}
-    codes = summed[3 + len(names) :]
+    codes = summed[3 + len(names) : 3 + len(names) + session.world_size]
+    if writing and summed[-1] == session.world_size:
+        session.finish_saving()
     signalled = next(((rank, loop.stop_name(int(c))) for rank, c in enumerate(codes) if c), None)
     # A tensor-parallel group's ranks train on the same batch: its numbers count once.
     tp = session.tensor_parallel_size
@@ -481,6 +491,7 @@ def stopped(session: Session, signalled: tuple[int, str], step: int) -> RunStopp
     tag = f"global_step{step}"
     if session.last_saved != tag:
         session.save_checkpoint()
+    session.finish_saving(waiting=None)  # a checkpoint written in the background (async_save) counts before the stop
     where = RunFolder(session.output_dir).checkpoint(tag)
     return RunStopped(
         f"stopped at step {step} by {why}; checkpoint {where} saved and verified: dsbuild train --resume continues",

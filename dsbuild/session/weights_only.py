@@ -40,6 +40,7 @@ __all__ = [
     "routed",
     "safe_globals",
     "set_rng_state",
+    "write_file",
 ]
 
 
@@ -121,6 +122,9 @@ class VerifyingCheckpointEngine:
         files themselves, in another process or through their own file objects, so ``commit`` hashes them after."""
         self.pending: list[str] = []
         """The files a delegated ``save`` handed to DeepSpeed's writer since ``begin``: hashed by ``commit``."""
+        self.staging: Any = None
+        """While an asynchronous save stages (``async_save``): called with each ``(state_dict, path)`` in place of the
+        write (it keeps a CPU copy, written in the background)."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -158,26 +162,17 @@ class VerifyingCheckpointEngine:
         return True
 
     def save(self, state_dict: Any, path: str) -> None:
+        if self.staging is not None:  # an asynchronous save (``async_save``): a copy in CPU memory, written later
+            self.staging(state_dict, path)
+            return
         if self.delegated:
             self.inner.save(state_dict, path)  # DeepSpeed's writer: hashed from the disk once it has committed
             self.pending.append(path)
             return
         target = Path(path)
-        with open(target, "wb") as f:
-            writer = _HashingWriter(f, self.digest)
-            try:
-                torch.save(state_dict, writer, _use_new_zipfile_serialization=self.inner.zipfile_serialization)  # type: ignore[arg-type]
-                # Not fsync'd (DeepSpeed does not either): the manifest, written last, holds each
-                # file's digest, so a file a crash left short is found and the checkpoint skipped on resume.
-            except (RuntimeError, OSError) as e:  # torch reports a full disk as "basic_ios::clear" / "failed writing"
-                if isinstance(e, OSError) and e.errno is not None:
-                    raise OSError(e.errno, e.strerror, str(target)) from None
-                if shutil.disk_usage(target.parent).free < 2**20:
-                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(target)) from None
-                raise OSError(errno.EIO, f"writing failed: {e}", str(target)) from None
-            finally:
-                digest = writer.finish()
-        self.written[str(target.resolve())] = (writer.size, digest)
+        self.written[str(target.resolve())] = write_file(
+            state_dict, target, self.digest, self.inner.zipfile_serialization
+        )
 
     def load(self, path: str, map_location: Any = None) -> Any:
         target = Path(path)
@@ -212,6 +207,26 @@ class VerifyingCheckpointEngine:
         if failure is not None:
             raise failure
         return loaded
+
+
+def write_file(state_dict: Any, target: Path, digest: str, zipfile: bool = True) -> tuple[int, str]:
+    """``torch.save`` of ``state_dict`` into ``target``, hashed as it is written: its size and digest. A failure is an
+    ``OSError`` naming the file (a full disk as ``ENOSPC``)."""
+    with open(target, "wb") as f:
+        writer = _HashingWriter(f, digest)
+        try:
+            torch.save(state_dict, writer, _use_new_zipfile_serialization=zipfile)  # type: ignore[arg-type]
+            # Not fsync'd (DeepSpeed does not either): the manifest, written last, holds each
+            # file's digest, so a file a crash left short is found and the checkpoint skipped on resume.
+        except (RuntimeError, OSError) as e:  # torch reports a full disk as "basic_ios::clear" / "failed writing"
+            if isinstance(e, OSError) and e.errno is not None:
+                raise OSError(e.errno, e.strerror, str(target)) from None
+            if shutil.disk_usage(target.parent).free < 2**20:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(target)) from None
+            raise OSError(errno.EIO, f"writing failed: {e}", str(target)) from None
+        finally:
+            hexdigest = writer.finish()
+    return writer.size, hexdigest
 
 
 _torch_load: Final = torch.load
