@@ -207,3 +207,19 @@ def test_sigterm_with_a_save_in_flight_exits_75_after_both_checkpoints_count(tmp
     assert not _partial(folder)
     assert json.loads((folder / stopped / manifest.MANIFEST).read_text())["global_step"] > 0
     assert os.path.isdir(folder / flying)
+
+
+@pytest.mark.procs
+def test_two_processes_save_in_the_background(tmp_path: Path) -> None:
+    """torchrun, 2 processes at ZeRO-3 (the demo job), a save every 2 steps in the background: each checkpoint counts
+    once both ranks have written (rank 1's shards in its manifest), every one verifies, no partial folder is left, and
+    the start-up line says the copy's size."""
+    out = tmp_path / "run"
+    done = ok(dsbuild("train", "--nproc-per-node", "2", "--set=training.async_save=true",
+                      *sets(max_steps=4, save_steps=2, save_total_limit=5, output_dir=str(out)), cwd=tmp_path))  # fmt: skip
+    assert "training.async_save: each checkpoint is copied into CPU memory and written in the background" in done.stderr
+    folder = out / "checkpoints"
+    for tag in ("global_step2", "global_step4"):
+        files = manifest.verify(folder / tag)["files"]
+        assert "zero_pp_rank_1_mp_rank_00_model_states.pt" in files and "dsbuild_rank1.json" in files
+    assert manifest.read_latest(folder) == "global_step4" and not _partial(folder)
