@@ -68,12 +68,12 @@ def run_trl(
     for key, value in {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}.items():
         os.environ.setdefault(key, value)
     os.environ.setdefault("MASTER_PORT", str(free_port()))
+    more = {"num_generations": GENERATIONS, "max_completion_length": MAX_COMPLETION, **(passes or {})}
     args = GRPOConfig(
         output_dir=str(out / "trl"), deepspeed=str(ds_config), per_device_train_batch_size=micro,
         gradient_accumulation_steps=accumulation, learning_rate=LR, weight_decay=0.0, lr_scheduler_type="constant",
         max_steps=STEPS, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, seed=0,
-        num_generations=GENERATIONS, max_completion_length=MAX_COMPLETION, loss_type=loss_type, beta=beta,
-        **(passes or {}),
+        loss_type=loss_type, beta=beta, **more,
     )  # fmt: skip
     tokenizer = ByT5Tokenizer()
     trainer = GRPOTrainer(
@@ -114,9 +114,10 @@ def main() -> None:
     parser.add_argument("--steps-per-generation", type=int)
     parser.add_argument("--generation-batch-size", type=int)
     parser.add_argument("--in-order", action="store_true", help="cut each generation batch in order, as dsbuild")
+    parser.add_argument("--config", type=json.loads, default={}, help="more GRPOConfig keys, a JSON object")
     args = parser.parse_args()
     passes = {"num_iterations": args.num_iterations, "steps_per_generation": args.steps_per_generation,
-              "generation_batch_size": args.generation_batch_size}  # fmt: skip
+              "generation_batch_size": args.generation_batch_size, **args.config}  # fmt: skip
     if args.in_order:
         import trl.trainer.grpo_trainer
 
