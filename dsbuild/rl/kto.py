@@ -1,0 +1,121 @@
+"""KTO's loss as TRL 1.16's ``KTOTrainer`` computes it: pure functions of tensors.
+
+Mirrors ``KTOTrainer._compute_loss`` (trl/trainer/kto_trainer.py:1370-1528) operation for operation: each unpaired
+completion's summed log-probability under the policy and the reference; the KL estimate, the mean over the batch of
+the policy's minus the reference's log-probabilities of the *mismatched* completions (each prompt with its batch
+neighbour's completion, ``data.unpaired``), averaged over processes, detached and clamped at 0; then per completion
+
+- ``kto``: desirable ``1 - σ(β · (logratio - KL))``, undesirable ``1 - σ(β · (KL - logratio))``;
+- ``apo_zero_unpaired`` (no KL): desirable ``1 - σ(β · logratio)``, undesirable ``σ(β · logratio)``;
+
+weighted by ``desirable_weight`` / ``undesirable_weight`` and averaged (``nanmean``). The rewards are
+``β · logratio``, detached. ``tests/unit/test_rl_losses.py`` holds them to TRL's own method on drawn tensors.
+
+What TRL logs of them is a sum over every process divided by every process's count (``rewards/chosen``,
+``logps/chosen``, their ``rejected`` twins, ``rewards/margins``), so a batch's ``KTOOutput.sums`` are what to sum
+over processes before ``kto_metrics``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+import attrs
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["KTO_LOSS_TYPES", "KTO_SUMS", "KTOOutput", "kto_kl", "kto_loss", "kto_metrics"]
+
+KTO_LOSS_TYPES: Final = ("kto", "apo_zero_unpaired")
+"""``KTOConfig.loss_type``'s values."""
+
+KTO_SUMS: Final = ("chosen", "chosen_rewards", "chosen_logps", "rejected", "rejected_rewards", "rejected_logps")
+"""What ``KTOOutput.sums`` holds, in order: the count of desirable completions, the sums of their rewards and
+log-probs, the same of the undesirable ones."""
+
+
+def kto_kl(kl_logps: Tensor, ref_kl_logps: Tensor) -> Tensor:
+    """This process's KL estimate: the mean of the mismatched completions' log-ratios, detached (TRL's ``kl``
+    before ``gather_for_metrics(kl).mean().clamp(min=0)``, which the caller does over processes)."""
+    return (kl_logps - ref_kl_logps).mean().detach()
+
+
+@attrs.frozen(eq=False)
+class KTOOutput:
+    """KTO's loss of a batch of unpaired completions, and what TRL logs about it."""
+
+    loss: Tensor
+    """The weighted losses' ``nanmean``, as ``KTOTrainer.compute_loss`` returns it (the HF Trainer then divides it by
+    the gradient accumulation steps)."""
+    losses: Tensor
+    """The desirable completions' weighted losses, then the undesirable ones'."""
+    chosen_rewards: Tensor
+    rejected_rewards: Tensor
+    chosen_logps: Tensor
+    rejected_logps: Tensor
+    kl: Tensor
+    """The KL estimate the losses used (0 for ``apo_zero_unpaired``)."""
+
+    def sums(self) -> list[float]:
+        """This process's ``KTO_SUMS`` (``nansum``, as TRL's)."""
+        chosen, rejected = self.chosen_rewards, self.rejected_rewards
+        return [
+            float(chosen.numel()), float(chosen.nansum()), float(self.chosen_logps.detach().nansum()),
+            float(rejected.numel()), float(rejected.nansum()), float(self.rejected_logps.detach().nansum()),
+        ]  # fmt: skip
+
+
+def kto_metrics(sums: Sequence[float], kl: float) -> dict[str, float]:
+    """TRL's logged values of a batch by its names from ``KTO_SUMS`` summed over processes: ``kl``, then
+    ``rewards/chosen`` and ``logps/chosen`` when there are desirable completions, the ``rejected`` ones when there are
+    undesirable ones, ``rewards/margins`` when both (TRL logs nothing for a side with none)."""
+    s = dict(zip(KTO_SUMS, sums, strict=True))
+    out = {"kl": kl}
+    if s["chosen"] > 0:
+        out |= {"rewards/chosen": s["chosen_rewards"] / s["chosen"], "logps/chosen": s["chosen_logps"] / s["chosen"]}
+    if s["rejected"] > 0:
+        out |= {
+            "rewards/rejected": s["rejected_rewards"] / s["rejected"],
+            "logps/rejected": s["rejected_logps"] / s["rejected"],
+        }
+    if s["chosen"] > 0 and s["rejected"] > 0:
+        out["rewards/margins"] = out["rewards/chosen"] - out["rewards/rejected"]
+    return out
+
+
+def kto_loss(
+    logps: Tensor,
+    ref_logps: Tensor,
+    labels: Tensor,
+    kl: Tensor | None = None,
+    *,
+    beta: float = 0.1,
+    desirable_weight: float = 1.0,
+    undesirable_weight: float = 1.0,
+    loss_type: str = "kto",
+) -> KTOOutput:
+    """KTO's loss of completions whose summed log-probs are ``logps`` (policy) and ``ref_logps`` (reference),
+    ``labels`` true where desirable; ``kl`` the KL estimate over every process, clamped (``None``: 0, as TRL without
+    one: ``apo_zero_unpaired``)."""
+    if loss_type not in KTO_LOSS_TYPES:
+        raise ValueError(f"unknown KTO loss_type {loss_type!r}: expected one of {', '.join(KTO_LOSS_TYPES)}")
+    kl = torch.zeros(1, device=logps.device) if kl is None else kl
+    chosen_idx = torch.nonzero(labels.to(logps.device).bool(), as_tuple=False).view(-1)
+    rejected_idx = torch.nonzero(~labels.to(logps.device).bool(), as_tuple=False).view(-1)
+    chosen_logps, rejected_logps = logps.index_select(0, chosen_idx), logps.index_select(0, rejected_idx)
+    chosen_logratios = chosen_logps - ref_logps.to(logps).index_select(0, chosen_idx)
+    rejected_logratios = rejected_logps - ref_logps.to(logps).index_select(0, rejected_idx)
+    if loss_type == "kto":
+        chosen_losses = 1 - F.sigmoid(beta * (chosen_logratios - kl))
+        rejected_losses = 1 - F.sigmoid(beta * (kl - rejected_logratios))
+    else:
+        chosen_losses = 1 - F.sigmoid(beta * chosen_logratios)
+        rejected_losses = F.sigmoid(beta * rejected_logratios)
+    losses = torch.cat((desirable_weight * chosen_losses, undesirable_weight * rejected_losses), 0)
+    return KTOOutput(
+        loss=losses.nanmean(), losses=losses, chosen_rewards=beta * chosen_logratios.detach(),
+        rejected_rewards=beta * rejected_logratios.detach(), chosen_logps=chosen_logps,
+        rejected_logps=rejected_logps, kl=kl,
+    )  # fmt: skip
