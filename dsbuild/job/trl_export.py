@@ -1,5 +1,5 @@
 """``dsbuild export JOB --for trl``: the reverse of ``dsbuild import trl``. A job as TRL's scripts run it: the TRL
-config (``trl sft|dpo|grpo|reward --config``: ``ModelConfig``, ``ScriptArguments`` and the trainer's config, by TRL's names),
+config (``trl sft|dpo|grpo|reward|rloo --config``: ``ModelConfig``, ``ScriptArguments`` and the trainer's config, by TRL's names),
 the Accelerate config TRL is launched with and the ds_config it names (``interop.accelerate_config``). The job's
 ``[strategy]`` config is written as the job holds it (``"auto"`` where the run fills it: TRL's Trainer fills those
 from the same arguments). What TRL's scripts have no key for is a ``Note``, not carried, with why. Stdlib only.
@@ -116,7 +116,7 @@ def _training(training: Training) -> dict[str, Any]:
 
 def _rl(job: Job, notes: list[Note]) -> dict[str, Any]:
     config: dict[str, Any] = {}
-    spec = {"dpo": job.dpo, "grpo": job.grpo, "reward": job.reward}.get(job.task)
+    spec = {"dpo": job.dpo, "grpo": job.grpo, "reward": job.reward, "rloo": job.rloo}.get(job.task)
     if spec is not None:
         config.update(spec.to_trl())
         if config.get("generation_batch_size") is None:
@@ -133,7 +133,8 @@ def _rl(job: Job, notes: list[Note]) -> dict[str, Any]:
             config["reward_weights"] = list(job.rewards.weights)
     if job.rollout is not None and job.rollout.backend != "hf":
         notes.append(Note("job", "rollout.backend", job.rollout.backend, "not carried",
-                          why="trl grpo takes no rollout function", instead="pass rollout_func to GRPOTrainer"))  # fmt: skip
+                          why=f"trl {job.task} takes no rollout function",
+                          instead="pass rollout_func to GRPOTrainer" if job.task == "grpo" else "leave it out"))  # fmt: skip
     return config
 
 

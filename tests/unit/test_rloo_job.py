@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from dsbuild.cli import main
@@ -185,3 +186,30 @@ def test_plan_counts_an_rloo_jobs_reference_by_default(tmp_path: Path, capsys: p
 
     assert any(n.startswith("reference model") for n in notes(""))
     assert not any(n.startswith("reference model") for n in notes("    [rloo]\n    beta = 0.0\n"))
+
+
+@pytest.mark.train
+def test_export_for_trl_writes_the_rloo_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``dsbuild export --for trl`` of an RLOO job writes ``[rloo]``'s keys (``trl rloo --config``): TRL's
+    ``RLOOConfig`` builds from them and reads back as the job's spec."""
+    import trl
+    import yaml
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    AutoModelForCausalLM.from_config(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                                 num_attention_heads=4, vocab_size=384)).save_pretrained(tmp_path / "m")  # fmt: skip
+    text = RLOO.replace('tokenizer = "byte"\n    [model.config]', 'name_or_path = "m"\n    [model.config]')
+    text = text.split("    [model.config]")[0] + "    [data]" + text.split("    [data]")[1]
+    path = _write(
+        tmp_path, text + "    [rloo]\n    num_generations = 4\n    beta = 0.1\n    reward_clip_range = [-1, 1]\n"
+    )
+    assert main(["export", "--for", "trl", str(path), "-o", str(tmp_path / "trl.yaml")]) == 0
+    capsys.readouterr()
+    written = yaml.safe_load((tmp_path / "trl.yaml").read_text())
+    fields = set(_rloo_fields())
+    config = trl.RLOOConfig(output_dir=str(tmp_path / "o"), use_cpu=True, report_to=[], per_device_train_batch_size=8,
+                            **{k: v for k, v in written.items() if k in fields})  # fmt: skip
+    job = load_job(path).rloo
+    assert job is not None and job.beta == 0.1 and job.reward_clip_range == (-1, 1)
+    # TRL's config fills steps_per_generation from the accumulation steps (1), which the job leaves to the default
+    assert RLOOSpec.from_trl(config) == attrs.evolve(job, steps_per_generation=1)
