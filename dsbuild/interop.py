@@ -78,6 +78,7 @@ def training_arguments(training: Training, *, deepspeed: str | None = None) -> d
     runs the job's learning rate, warmup, schedule, batch sizes, precision, logging and saving, with ``deepspeed``
     pointing at the exported ds_config. HF 4's ``warmup_ratio`` becomes HF 5's fractional ``warmup_steps``."""
     values = training.to_dict()
+    values.pop("async_save")  # dsbuild's own: the HF Trainer has no asynchronous save (it saves as async_save=false)
     ratio = values.pop("warmup_ratio")
     if not values["warmup_steps"] and ratio:
         values["warmup_steps"] = ratio
