@@ -38,7 +38,7 @@ _TABLES: dict[str, type] = {
     "reference": ReferenceSpec, "dpo": DPOSpec, "rollout": RolloutSpec, "rewards": RewardsSpec, "grpo": GRPOSpec,
     "reward": RewardSpec, "rloo": RLOOSpec,
 }  # fmt: skip
-_REQUIRED: dict[type, list[str]] = {DataSpec: ["path", "format"], StrategySpec: ["config"], RewardsSpec: ["functions"]}
+_REQUIRED: dict[type, list[str]] = {DataSpec: ["path", "format"], StrategySpec: ["config"]}
 
 
 def job_schema() -> dict[str, Any]:
@@ -63,6 +63,7 @@ def job_schema() -> dict[str, Any]:
         properties[name] = _table(cls)
     model = properties["model"]
     model["anyOf"] = [{"required": ["name_or_path"]}, {"required": ["config"]}]
+    properties["rewards"]["anyOf"] = [{"required": ["functions"]}, {"required": ["models"]}]  # either, as the reader
     return {
         "$schema": DIALECT,
         "title": "dsbuild job file",

@@ -42,6 +42,19 @@ def test_the_chain_folder_holds_what_its_readme_names() -> None:
     assert all(f"dsbuild train examples/rlhf/{name}.toml" in readme for name in ("sft", "reward", "grpo"))
 
 
+@pytest.mark.parametrize("name", ["sft.toml", "reward.toml", "grpo.toml"])
+def test_the_job_files_validate_against_the_job_schema(name: str) -> None:
+    """What an editor checks against ``dsbuild schema --job`` (tests/unit/test_job_schema.py reads examples/*.toml
+    only): the three job files hold no key or value the reader refuses."""
+    import jsonschema
+    import tomllib
+
+    from dsbuild.job.schema import job_schema
+
+    job = tomllib.loads((CHAIN / name).read_text())
+    assert [e.message for e in jsonschema.Draft202012Validator(job_schema()).iter_errors(job)] == []
+
+
 def test_make_data_writes_the_shipped_data(tmp_path: Path) -> None:
     """The data files in the repo are what make_data.py writes (seeded), so its docstring describes them."""
     runpy.run_path(str(CHAIN / "make_data.py"), run_name="example")["main"](tmp_path)
