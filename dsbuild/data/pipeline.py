@@ -353,6 +353,10 @@ def load(
     Raises ``ConfigError`` for a bad record (named by file and line) and for data of which no sample has a token to
     train on (with the lengths it saw).
     """
+    if isinstance(spec, Job) and spec.task == "kto":
+        from .unpaired import load_kto_data
+
+        return Datasets(*load_kto_data(spec, tokenizer))
     if isinstance(spec, Job) and spec.task == "reward":
         from .preference import load_reward_data
 

@@ -19,7 +19,7 @@ from ..resolve.schedule import job_steps
 from ..resolve.training import Training
 from ..validate import Diagnostic, validate
 from .reader import grpo_batch_problems, read_job, read_job_dict
-from .rl import DPOSpec, GRPOSpec, RewardSpec, RLOOSpec
+from .rl import DPOSpec, GRPOSpec, KTOSpec, RewardSpec, RLOOSpec
 from .spec import DataSpec, LaunchSpec, ModelSpec, ReferenceSpec, RewardsSpec, RolloutSpec, StrategySpec
 
 __all__ = ["Job", "demo_job_path", "load_job"]
@@ -48,7 +48,8 @@ class Job:
     task: str = "sft"
     """What the job trains: ``"sft"`` (TRL's SFTTrainer's), ``"dpo"`` (TRL's DPOTrainer's: ``reference`` and ``dpo``
     are read), ``"grpo"`` (TRL's GRPOTrainer's: ``reference``, ``rollout``, ``rewards`` and ``grpo``), ``"reward"``
-    (TRL's RewardTrainer's: ``reward``) or ``"rloo"`` (TRL's RLOOTrainer's: GRPO's with ``rloo`` for ``grpo``)."""
+    (TRL's RewardTrainer's: ``reward``), ``"rloo"`` (TRL's RLOOTrainer's: GRPO's with ``rloo`` for ``grpo``) or
+    ``"kto"`` (TRL's KTOTrainer's: ``reference`` and ``kto``)."""
     reference: ReferenceSpec | None = None
     """``[reference]`` of a DPO job, or of a GRPO job with ``beta`` > 0 (``None`` there: what the policy starts from)."""
     dpo: DPOSpec | None = None
@@ -63,6 +64,8 @@ class Job:
     """``[reward]`` of a reward job."""
     rloo: RLOOSpec | None = None
     """``[rloo]`` of an RLOO job."""
+    kto: KTOSpec | None = None
+    """``[kto]`` of a KTO job."""
 
     @classmethod
     def from_dict(
@@ -185,7 +188,8 @@ class Job:
         rows, each up to ``[dpo] max_length`` tokens, beside a reference unless it is precomputed; a GRPO or RLOO job
         keeps a reference with a KL term (``beta`` > 0); a reward job's micro-batch is its pairs' chosen and rejected
         rows, each up to ``[reward] max_length`` tokens, through a model whose head scores (one number, no vocabulary
-        logits)."""
+        logits); a KTO job's rows are up to ``[kto] max_length`` tokens, beside a reference (its mismatched KL rows
+        are a forward without gradients)."""
         if self.dpo is not None and self.reference is not None:
             return {"seq_len": self.dpo.max_length or self.data.max_length, "reference": not self.reference.precompute,
                     "micro_batch": 2 * self.training.per_device_train_batch_size}  # fmt: skip
@@ -195,6 +199,8 @@ class Job:
         if self.reward is not None:
             return {"seq_len": self.reward.max_length or self.data.max_length,
                     "micro_batch": 2 * self.training.per_device_train_batch_size}  # fmt: skip
+        if self.kto is not None:
+            return {"seq_len": self.kto.max_length or self.data.max_length, "reference": True}
         return {}
 
     def _task_problems(self, world_size: int) -> list[Diagnostic]:

@@ -29,14 +29,17 @@ __all__ = [
     "template_problems",
 ]
 
-FORMATS: Final = ("alpaca", "messages", "prompt_completion", "sharegpt", "text", "tokenized", "preference", "prompt")
+FORMATS: Final = (
+    "alpaca", "messages", "prompt_completion", "sharegpt", "text", "tokenized", "preference", "prompt", "unpaired",
+)  # fmt: skip
 """The ``[data] format`` values a job understands (``"preference"``: the pairs of ``task = "dpo"``; ``"prompt"``: the
-prompts of ``task = "grpo"``, TRL's prompt-only format)."""
+prompts of ``task = "grpo"``, TRL's prompt-only format; ``"unpaired"``: the labelled completions of ``task = "kto"``,
+TRL's unpaired preference format)."""
 
 CHAT_FORMATS: Final = ("messages", "sharegpt")
 """Formats of conversations, rendered with a chat template; the loss is on the assistant's turns."""
 
-TEMPLATED_FORMATS: Final = (*CHAT_FORMATS, "prompt_completion", "preference", "prompt")
+TEMPLATED_FORMATS: Final = (*CHAT_FORMATS, "prompt_completion", "preference", "prompt", "unpaired")
 """Formats whose records may be rendered with a chat template (``data.chat_template``, else the tokenizer's, else
 ``FALLBACK_CHAT_TEMPLATE``: ``data.tokens.chat_template_for``, every task): ``prompt_completion``, ``preference``
 (DPO's pairs) and ``prompt`` (GRPO's) when their records hold conversations, as TRL's conversational formats."""
@@ -55,6 +58,7 @@ FIELDS: Final = {
     "tokenized": ("input_ids", "labels", "completion_mask", "attention_mask"),
     "preference": ("prompt", "chosen", "rejected"),
     "prompt": ("prompt",),
+    "unpaired": ("prompt", "completion", "label"),
 }
 """The fields each format reads, by their usual names; ``[data.columns]`` gives a file's own names for them."""
 

@@ -17,7 +17,7 @@ from ..resolve.training import Training
 from .collect import BAD, Collector
 from .complete import complete
 from .readers import CHECKS, READERS
-from .rl import DPOSpec, GRPOSpec, RewardSpec, RLOOSpec, check_grpo_batch
+from .rl import DPOSpec, GRPOSpec, KTOSpec, RewardSpec, RLOOSpec, check_grpo_batch
 from .spec import (
     JOB_TABLES,
     TASK_TABLES,
@@ -89,6 +89,11 @@ def read_job(
     if done is not None and done.async_save and checkpoint is not None and checkpoint.writer is not None:
         c.problem("training.async_save", "not with [strategy] checkpoint.writer: DeepSpeed's writer and dsbuild's "
                   "background save each write the files; choose one (remove checkpoint.writer, or async_save)")  # fmt: skip
+    kto = rl.get("kto")
+    if kto is not None and kto.loss_type == "kto" and done is not None and done.per_device_train_batch_size < 2:
+        c.problem("training.per_device_train_batch_size", f"got {done.per_device_train_batch_size}: KTO's KL estimate "
+                  "pairs each prompt with another completion of its micro-batch (TRL refuses 1)",
+                  'set 2 or more, or kto.loss_type = "apo_zero_unpaired" (no KL)')  # fmt: skip
     if task in PROMPT_TASKS and done is not None and launch is not None and rl.get(task) is not None:
         _grpo_batch(c, rl[task], done, launch.world_size, rl.get("reference") is not None)
     if c.problems or None in (model, data_spec, done, strategy, launch, config):
@@ -118,7 +123,7 @@ PROMPT_TASKS: Final = {"grpo": "a GRPO job", "rloo": "an RLOO job"}
 
 _TASK_SPECS: dict[str, type] = {
     "reference": ReferenceSpec, "dpo": DPOSpec, "rollout": RolloutSpec, "rewards": RewardsSpec, "grpo": GRPOSpec,
-    "reward": RewardSpec, "rloo": RLOOSpec,
+    "reward": RewardSpec, "rloo": RLOOSpec, "kto": KTOSpec,
 }  # fmt: skip
 
 
@@ -137,6 +142,8 @@ def _rl_tables(c: Collector, task: str, data: Mapping[str, Any]) -> dict[str, An
             tables[name] = None
             continue
         tables[name] = c.collect(_TASK_SPECS[name], c.table(data, name, name), name)
+    if task == "kto" and tables.get("reference") is not None and tables["reference"].precompute:
+        c.problem("reference.precompute", "a KTO job scores with its reference model at every step", "leave it out")
     return tables
 
 
@@ -191,6 +198,12 @@ def _task_data(c: Collector, task: str, data: DataSpec, table: Mapping[str, Any]
             f"{PROMPT_TASKS[task]} reads prompts" if task in PROMPT_TASKS else "prompts are read by a GRPO or RLOO job"
         )
         c.problem("data.format", f"got {data.format!r} for task = {task!r}", f"{reader}: {wanted}")
+    if (task == "kto") != (data.format == "unpaired") and data.format not in ("preference", "prompt"):
+        wanted = 'format = "unpaired" (prompt / completion / label)' if task == "kto" else 'task = "kto"'
+        reader = "a KTO job reads labelled completions" if task == "kto" else "unpaired data is read by a KTO job"
+        c.problem("data.format", f"got {data.format!r} for task = {task!r}", f"{reader}: {wanted}")
+    if task == "kto":
+        _kto_data(c, data, table)
     if task in PROMPT_TASKS:
         job = PROMPT_TASKS[task]
         if data.path is not None and not (isinstance(data.path, Path) and data.path.is_file()):
@@ -212,6 +225,18 @@ def _task_data(c: Collector, task: str, data: DataSpec, table: Mapping[str, Any]
                     f"[{task}] max_length" + (" and truncation_mode" if task == "dpo" else "") + f", as TRL's {config}"
                 )
             c.problem(f"data.{key}", f'not read for task = "{task}"', hint)
+
+
+def _kto_data(c: Collector, data: DataSpec, table: Mapping[str, Any]) -> None:
+    """A KTO job reads local files of labelled completions, and the [data] keys a DPO job reads."""
+    for key, where in (("path", data.path), ("eval_path", data.eval_path)):
+        if where is not None and not (isinstance(where, Path) and where.is_file()):
+            c.problem(
+                f"data.{key}", f"{where}: a KTO job reads a local JSON or JSON Lines file of labelled completions"
+            )
+    for key in sorted(set(table) - DPO_DATA_KEYS):
+        hint = "[kto] max_length, as TRL's KTOConfig" if key == "max_length" else None
+        c.problem(f"data.{key}", 'not read for task = "kto"', hint)
 
 
 def _training(c: Collector, table: dict[str, Any]) -> Training | None:

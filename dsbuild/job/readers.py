@@ -35,7 +35,16 @@ from .formats import (
     template_problems,
 )
 from .functions import function_ref_problem
-from .rl import DPO_LOSS_TYPES, DPOSpec, GRPOSpec, RewardSpec, RLOOSpec, clip_range_problem, loss_weights_problem
+from .rl import (
+    DPO_LOSS_TYPES,
+    DPOSpec,
+    GRPOSpec,
+    KTOSpec,
+    RewardSpec,
+    RLOOSpec,
+    clip_range_problem,
+    loss_weights_problem,
+)
 from .spec import (
     ATTN_IMPLEMENTATIONS,
     BYTE_TOKENIZER,
@@ -395,7 +404,7 @@ def trl_not_run(c: Collector, values: dict[str, Any], path: str, table: Mapping[
     """What ``dsbuild train`` does not run of TRL's ``DPOConfig`` / ``GRPOConfig`` / ``RLOOConfig`` /
     ``RewardConfig``, refused by key at other than the value that runs, with what to write instead
     (``trl_keys.NOT_RUN``)."""
-    read = job_keys({"dpo": DPOSpec, "grpo": GRPOSpec, "rloo": RLOOSpec, "reward": RewardSpec}[path])
+    read = job_keys({"dpo": DPOSpec, "grpo": GRPOSpec, "rloo": RLOOSpec, "reward": RewardSpec, "kto": KTOSpec}[path])
     c.problems.extend(not_run(path, table, values, read))
 
 
@@ -498,6 +507,7 @@ CHECKS: Final[dict[type, tuple[Check, ...]]] = {
     RewardsSpec: (rewards_checks,),
     GRPOSpec: (trl_not_run,),
     RLOOSpec: (trl_not_run,),
+    KTOSpec: (trl_not_run,),
     RewardSpec: (trl_not_run,),
 }
 """Each table's checks of its keys together, in order."""

@@ -1,5 +1,6 @@
 """The TRL-named specs of RL post-training: ``DPOSpec`` (TRL 1.16's ``DPOConfig``), ``GRPOSpec`` (``GRPOConfig``),
-``RLOOSpec`` (``RLOOConfig``), ``RewardSpec`` (``RewardConfig``) and TRL's check of the generation batch
+``RLOOSpec`` (``RLOOConfig``), ``RewardSpec`` (``RewardConfig``), ``KTOSpec``
+(``KTOConfig``) and TRL's check of the generation batch
 (``check_grpo_batch``, ``dsbuild.job.generations``).
 
 Each key is a field named as TRL names it, with TRL's default and a ``Key`` in its metadata (``spec.Key``: the
@@ -36,11 +37,13 @@ __all__ = [
     "F_DIVERGENCE_TYPES",
     "GRPO_LOSS_TYPES",
     "IMPORTANCE_SAMPLING_LEVELS",
+    "KTO_LOSS_TYPES",
     "MULTI_OBJECTIVE_AGGREGATIONS",
     "SCALE_REWARDS",
     "TRUNCATION_MODES",
     "DPOSpec",
     "GRPOSpec",
+    "KTOSpec",
     "RLOOSpec",
     "RewardSpec",
     "check_grpo_batch",
@@ -87,6 +90,9 @@ SCALE_REWARDS: Final = ("group", "batch", "none")
 
 IMPORTANCE_SAMPLING_LEVELS: Final = ("token", "sequence")
 """GRPO's ``importance_sampling_level``: one ratio per token, or one per sequence (GSPO)."""
+
+KTO_LOSS_TYPES: Final = ("kto", "apo_zero_unpaired")
+"""TRL 1.16's KTO ``loss_type`` names (``KTOConfig.loss_type``)."""
 
 MULTI_OBJECTIVE_AGGREGATIONS: Final = ("sum_then_normalize", "normalize_then_sum")
 """GRPO's ``multi_objective_aggregation`` of several reward functions."""
@@ -522,4 +528,33 @@ class RewardSpec:
 
     def to_trl(self) -> dict[str, Any]:
         """The keyword arguments of TRL's ``RewardConfig`` (with the training arguments)."""
+        return _trl(self)
+
+
+@attrs.frozen
+class KTOSpec:
+    """KTO's options, as TRL 1.16's ``KTOConfig`` names them, with its defaults."""
+
+    beta: float = _field("kto", 0.1, "float", gt=0)
+    """How far the policy may move from the reference (higher: less); default 0.1."""
+    loss_type: str = _field("kto", "kto", "choice", choices=KTO_LOSS_TYPES)
+    """``"kto"`` (with the KL estimate from mismatched pairs) or ``"apo_zero_unpaired"`` (no KL); default ``"kto"``."""
+    desirable_weight: float = _field("kto", 1.0, "float", gt=0)
+    """Weight of each desirable completion's loss; default 1.0."""
+    undesirable_weight: float = _field("kto", 1.0, "float", gt=0)
+    """Weight of each undesirable completion's loss; default 1.0."""
+    max_length: int | None = _field("kto", 1024, "int", nullable=True, ge=1)
+    """Tokens of prompt + completion at most, the end cut (a record whose prompt alone fills it is left out);
+    ``None``: no truncation. Default 1024."""
+    disable_dropout: bool = _field("kto", True, "bool")
+    """Turn dropout off in the policy and the reference; default on."""
+
+    @classmethod
+    def from_trl(cls, config: Any) -> KTOSpec:
+        """The spec of a TRL ``KTOConfig``, or of a dict of its arguments (keys that are not its own are left)."""
+        given = config if isinstance(config, Mapping) else _attributes(config, cls)
+        return _read(cls, "kto", given)
+
+    def to_trl(self) -> dict[str, Any]:
+        """The keyword arguments of TRL's ``KTOConfig`` (with the training arguments)."""
         return _trl(self)

@@ -17,7 +17,7 @@ from .._util.docstrings import attribute_docs, one_line
 from ..io.schema import DIALECT, json_schema, value_schema
 from ..resolve.training import Training
 from ..version import VERSION
-from .rl import DPOSpec, GRPOSpec, RewardSpec, RLOOSpec
+from .rl import DPOSpec, GRPOSpec, KTOSpec, RewardSpec, RLOOSpec
 from .spec import (
     TASKS,
     DataSpec,
@@ -36,7 +36,7 @@ __all__ = ["job_schema"]
 _TABLES: dict[str, type] = {
     "model": ModelSpec, "data": DataSpec, "strategy": StrategySpec, "launch": LaunchSpec,
     "reference": ReferenceSpec, "dpo": DPOSpec, "rollout": RolloutSpec, "rewards": RewardsSpec, "grpo": GRPOSpec,
-    "reward": RewardSpec, "rloo": RLOOSpec,
+    "reward": RewardSpec, "rloo": RLOOSpec, "kto": KTOSpec,
 }  # fmt: skip
 _REQUIRED: dict[type, list[str]] = {DataSpec: ["path", "format"], StrategySpec: ["config"]}
 
@@ -55,7 +55,8 @@ def job_schema() -> dict[str, Any]:
             "default": "sft",
             "description": 'What the job trains: "sft" (TRL\'s SFTTrainer), "dpo" (TRL\'s DPOTrainer: [reference] and '
             '[dpo] are read), "grpo" (TRL\'s GRPOTrainer: [reference], [rollout], [rewards] and [grpo]), "reward" '
-            "(TRL's RewardTrainer: [reward]) or \"rloo\" (TRL's RLOOTrainer: GRPO's tables with [rloo]).",
+            '(TRL\'s RewardTrainer: [reward]), "rloo" (TRL\'s RLOOTrainer: GRPO\'s tables with [rloo]) or "kto" '
+            "(TRL's KTOTrainer: [reference] and [kto]).",
         },
         "training": _training(),
     }

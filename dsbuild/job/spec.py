@@ -52,16 +52,18 @@ TASK_TABLES: Final = {
     "grpo": ("reference", "rollout", "rewards", "grpo"),
     "reward": ("reward",),
     "rloo": ("reference", "rollout", "rewards", "rloo"),
+    "kto": ("reference", "kto"),
 }
 """The tables a task adds to a job (``task = "dpo"``: ``[reference]`` and ``[dpo]``; ``task = "grpo"``:
 ``[reference]``, ``[rollout]``, ``[rewards]`` and ``[grpo]``; ``task = "reward"``: ``[reward]``; ``task = "rloo"``:
-GRPO's tables with ``[rloo]`` for ``[grpo]``), read only for that task."""
+GRPO's tables with ``[rloo]`` for ``[grpo]``; ``task = "kto"``: ``[reference]`` and ``[kto]``), read only for that task."""
 
 TASKS: Final = ("sft", *TASK_TABLES)
 """What a job trains (``task``): ``"sft"`` (the default: a causal LM on its data, as TRL's SFTTrainer), ``"dpo"``
 (preference pairs, as TRL's DPOTrainer), ``"grpo"`` (prompts, completions sampled and rewarded, as TRL's
-GRPOTrainer), ``"reward"`` (a reward model on preference pairs, as TRL's RewardTrainer) or ``"rloo"`` (GRPO's
-prompts, completions and rewards, trained on as TRL's RLOOTrainer)."""
+GRPOTrainer), ``"reward"`` (a reward model on preference pairs, as TRL's RewardTrainer), ``"rloo"`` (GRPO's
+prompts, completions and rewards, trained on as TRL's RLOOTrainer) or ``"kto"`` (completions labelled desirable or
+not, as TRL's KTOTrainer)."""
 
 ROLLOUT_BACKENDS: Final = ("hf", "function")
 """``rollout.backend``: the policy's own ``generate`` (``"hf"``) or a function of the prompts (``"function"``, TRL's

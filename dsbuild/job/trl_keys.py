@@ -1,6 +1,6 @@
-"""The keys of TRL's ``DPOConfig``, ``GRPOConfig``, ``RLOOConfig`` and ``RewardConfig`` that ``dsbuild train`` does not run, in one
+"""The keys of TRL's ``DPOConfig``, ``GRPOConfig``, ``RLOOConfig``, ``RewardConfig`` and ``KTOConfig`` that ``dsbuild train`` does not run, in one
 table: each with the one value it runs as TRL runs it (TRL's default, where the key then does nothing a job would miss),
-why another value is refused, and what to write instead. A ``[dpo]`` / ``[grpo]`` / ``[rloo]`` / ``[reward]`` table takes these keys (a
+why another value is refused, and what to write instead. A ``[dpo]`` / ``[grpo]`` / ``[rloo]`` / ``[reward]`` / ``[kto]`` table takes these keys (a
 config pasted from TRL reads), and ``not_run`` names each one set to another value by its dotted key. The keys of
 ``DPOSpec`` / ``GRPOSpec`` / ``RLOOSpec`` are the ones that run (``RewardSpec``'s for ``[reward]``); a TRL config's field in neither
 (a key of a newer TRL) fails ``tests/unit/test_trl_keys.py`` (``test_rloo_job.py`` for ``RLOOConfig``).
@@ -16,6 +16,7 @@ from ..errors import Problem
 
 __all__ = [
     "GENERATION_KEYS",
+    "KTO_NOT_RUN",
     "NOT_RUN",
     "REWARD_NOT_RUN",
     "RLOO_NOT_RUN",
@@ -191,11 +192,30 @@ RLOO_NOT_RUN: Final = {
     "generation_kwargs": NotRun(None, "TRL's generate arguments are [rloo]'s sampling keys", "see below"),
 }
 
+KTO_NOT_RUN: Final = {
+    "precompute_ref_log_probs": NotRun(
+        False, "a KTO job scores with its [reference] model at every step", "leave it out"
+    ),
+    "precompute_ref_batch_size": NotRun(None, "a KTO job does not precompute the reference", "leave it out"),
+    "sync_ref_model": DPO_NOT_RUN["sync_ref_model"],
+    "ref_model_mixup_alpha": NotRun(0.6, "TR-DPO's reference sync is not built into dsbuild train", "leave it out"),
+    "ref_model_sync_steps": NotRun(512, "TR-DPO's reference sync is not built into dsbuild train", "leave it out"),
+    "model_init_kwargs": DPO_NOT_RUN["model_init_kwargs"],
+    "trust_remote_code": DPO_NOT_RUN["trust_remote_code"],
+    "router_aux_loss_coef": NotRun(None, "a KTO job adds no mixture-of-experts router loss", "leave it out"),
+    "dataset_num_proc": NotRun(None, "a KTO job tokenizes its records in one process", "leave it out"),
+    "pad_to_multiple_of": NotRun(
+        "auto", "a KTO job pads to the longest sequence of the micro-batch (TRL's 'auto' off Neuron)", "leave it out"
+    ),
+    "activation_offloading": DPO_NOT_RUN["activation_offloading"],
+}
+
 NOT_RUN: Final[Mapping[str, Mapping[str, NotRun]]] = {
     "dpo": DPO_NOT_RUN,
     "grpo": GRPO_NOT_RUN,
     "reward": REWARD_NOT_RUN,
     "rloo": RLOO_NOT_RUN,
+    "kto": KTO_NOT_RUN,
 }
 """By table: the TRL keys a job's table takes but runs only at one value."""
 

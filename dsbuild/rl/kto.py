@@ -18,18 +18,20 @@ over processes before ``kto_metrics``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Final
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final
 
 import attrs
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["KTO_LOSS_TYPES", "KTO_SUMS", "KTOOutput", "kto_kl", "kto_loss", "kto_metrics"]
+from ..job.rl import KTO_LOSS_TYPES, KTOSpec
+from .logits import by_token, logits_read
 
-KTO_LOSS_TYPES: Final = ("kto", "apo_zero_unpaired")
-"""``KTOConfig.loss_type``'s values."""
+__all__ = [
+    "KTO_LOSS_TYPES", "KTO_SUMS", "KTOOutput", "kto_kl", "kto_loss", "kto_loss_fn", "kto_metrics", "kto_token_sums",
+]  # fmt: skip
 
 KTO_SUMS: Final = ("chosen", "chosen_rewards", "chosen_logps", "rejected", "rejected_rewards", "rejected_logps")
 """What ``KTOOutput.sums`` holds, in order: the count of desirable completions, the sums of their rewards and
@@ -119,3 +121,72 @@ def kto_loss(
         rejected_rewards=beta * rejected_logratios.detach(), chosen_logps=chosen_logps,
         rejected_logps=rejected_logps, kl=kl,
     )  # fmt: skip
+
+
+def kto_token_sums(entropy: Tensor, mean_logits: Tensor, labels: Tensor, mask: Tensor) -> list[float]:
+    """The sums behind TRL's ``entropy`` and ``logits/chosen`` / ``logits/rejected`` of a batch laid out as
+    ``Session.logprobs`` (column ``t``: the logits that predict token ``t``), over the completion ``mask`` (column 0
+    never counted): entropy and tokens, the desirable rows' mean logits and tokens, the undesirable rows' (TRL:
+    kto_trainer.py:1483-1510, summed over processes before dividing)."""
+    mask = mask.bool().clone()
+    mask[:, 0] = False
+    good = labels.to(mask.device).bool()[:, None] & mask
+    bad = ~labels.to(mask.device).bool()[:, None] & mask
+    return [
+        float(entropy[mask].sum()), float(mask.sum()),
+        float(mean_logits[good].sum()), float(good.sum()), float(mean_logits[bad].sum()), float(bad.sum()),
+    ]  # fmt: skip
+
+
+def _token_metrics(sums: Sequence[float]) -> dict[str, float]:
+    """``kto_token_sums`` over every process as TRL logs them: ``entropy`` (0 without tokens), each ``logits/*``
+    only where it counts tokens."""
+    entropy, tokens, good, good_tokens, bad, bad_tokens = sums
+    out = {"entropy": entropy / tokens if tokens > 0 else 0.0}
+    if good_tokens > 0:
+        out["logits/chosen"] = good / good_tokens
+    if bad_tokens > 0:
+        out["logits/rejected"] = bad / bad_tokens
+    return out
+
+
+def kto_loss_fn(policy: Any, reference: Any, spec: KTOSpec | None = None) -> Callable[[Any, Any], dict[str, Any]]:
+    """``loss_fn(engine, batch)`` of KTO for ``policy`` (a ``Session``) against ``reference``
+    (``policy.reference()``) with ``spec``'s options (TRL's defaults when ``None``): the mismatched ``KL_*`` rows
+    scored by both without gradients, the batch's rows by the policy (with) and the reference (without), the loss and
+    TRL's metrics (the KL estimate and every logged mean over every process: collective, every process calls it once
+    a micro-batch)."""
+    from ..session import distributed
+
+    spec = spec or KTOSpec()
+
+    def loss_fn(_engine: Any, batch: Mapping[str, Any]) -> dict[str, Any]:
+        device = policy.engine.device
+        kl = None
+        if spec.loss_type == "kto":
+            rows = {"input_ids": batch["KL_input_ids"], "attention_mask": batch["KL_attention_mask"]}
+            mask = batch["KL_completion_mask"]
+            with torch.no_grad():
+                mine = policy.logprobs(rows, completion_mask=mask).sum(dim=1)
+            theirs = reference.logprobs(rows, completion_mask=mask).sum(dim=1)
+            local = kto_kl(mine, theirs.to(mine))
+            kl = torch.tensor(distributed.all_sum([float(local)], device)[0] / policy.world_size, device=device)
+            kl = kl.to(local).clamp(min=0)
+        mask = batch["completion_mask"]
+        with logits_read(policy) as stats:
+            tokens = policy.logprobs(batch, completion_mask=mask)
+        ref = reference.logprobs(batch, completion_mask=mask).sum(dim=1)
+        labels = batch["label"].to(tokens.device)
+        out = kto_loss(tokens.sum(dim=1), ref.to(tokens), labels, kl, beta=spec.beta, loss_type=spec.loss_type,
+                       desirable_weight=spec.desirable_weight, undesirable_weight=spec.undesirable_weight)  # fmt: skip
+        sums = out.sums()
+        laid_out = by_token(stats, tokens.shape[0])
+        if laid_out is not None:
+            sums += kto_token_sums(laid_out[0], laid_out[1], labels, mask.to(laid_out[0].device))
+        summed = distributed.all_sum(sums, device)
+        metrics = kto_metrics(summed[: len(KTO_SUMS)], float(out.kl))
+        if laid_out is not None:
+            metrics |= _token_metrics(summed[len(KTO_SUMS) :])
+        return {"loss": out.loss, **metrics}
+
+    return loss_fn

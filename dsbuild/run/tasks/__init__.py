@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any, Final, NamedTuple, Protocol
 
 from ...job import Job
-from . import dpo, grpo, reward, rloo, sft
+from . import dpo, grpo, kto, reward, rloo, sft
 
 __all__ = ["TASKS", "Parts", "Task", "task_of"]
 
@@ -57,6 +57,7 @@ TASKS: Final[dict[str, Task]] = {
     "grpo": grpo.TASK,
     "reward": reward.TASK,
     "rloo": rloo.TASK,
+    "kto": kto.TASK,
 }
 """Each task by the name a job's ``task`` gives."""
 

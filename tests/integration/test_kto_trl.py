@@ -1,0 +1,164 @@
+"""``task = "kto"`` as TRL 1.16's ``KTOTrainer`` trains (issue 44): ``dsbuild train`` on a KTO job against TRL's
+trainer on real DeepSpeed ZeRO-3 with the config the job resolved (``_kto_worker.py``), each in a process of its own:
+the same tiny Llama folder as policy and reference, the same ragged unpaired records (desirable and undesirable
+alternating, so every micro-batch holds both), 3 optimizer steps of 2 records × accumulation 2 in order (KTO's
+sequential sampling, the KL pairs rotated within each micro-batch), fp32, lr 1e-3. Standard records with ``kto``'s KL
+estimate, beta and both weights set; conversational records with ``apo_zero_unpaired`` and a chat template.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.slow, pytest.mark.train, pytest.mark.procs]  # each side trains in a process of its own
+
+HERE = Path(__file__).resolve().parent
+WORKER = HERE / "_kto_worker.py"
+ROOT = HERE.parents[1]
+TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+METRICS = ("loss", "kl", "entropy", "logits/chosen", "logits/rejected", "rewards/chosen", "logps/chosen",
+           "rewards/rejected", "logps/rejected", "rewards/margins")  # fmt: skip
+"""What TRL's KTOTrainer logs per step, compared to 1e-5 (not ``num_tokens``, its running count)."""
+
+JOB = """
+task = "kto"
+[model]
+name_or_path = "{base}"
+tokenizer = "byte"
+[data]
+path = "{records}"
+format = "unpaired"
+{data}
+[kto]
+{kto}
+[training]
+output_dir = "{out}"
+per_device_train_batch_size = 2
+gradient_accumulation_steps = 2
+learning_rate = 1e-3
+weight_decay = 0.0
+lr_scheduler_type = "constant"
+max_steps = 3
+logging_steps = 1
+save_strategy = "no"
+seed = 0
+[strategy]
+name = "deepspeed_train"
+config = "zero3"
+"""
+
+
+def _env() -> dict[str, str]:
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(HERE), "OMP_NUM_THREADS": "1"}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    return env
+
+
+def _check(done: subprocess.CompletedProcess[str]) -> None:
+    assert done.returncode == 0, done.stderr[-5000:]
+
+
+def _job(tmp: Path, name: str, base: Path, records: Path, *, data: str = "", kto: str = "") -> dict[str, Any]:
+    """``dsbuild train`` on a KTO job: its step records and its saved model's weights."""
+    from transformers import AutoModelForCausalLM
+
+    out = tmp / name
+    job = tmp / f"{name}.toml"
+    job.write_text(JOB.format(base=base, records=records, out=out, data=data, kto=kto))
+    _check(subprocess.run([sys.executable, "-m", "dsbuild", "train", str(job)], capture_output=True, text=True,
+                          env=_env(), cwd=tmp, timeout=600))  # fmt: skip
+    records_ = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
+    model = AutoModelForCausalLM.from_pretrained(out / "model")
+    return {"records": [r for r in records_ if "loss" in r], "out": out,
+            "weights": {k: v.detach() for k, v in model.named_parameters()}}  # fmt: skip
+
+
+def _trl(tmp: Path, name: str, base: Path, records: Path, ds_config: Path, *more: str) -> dict[str, Any]:
+    out = tmp / name
+    _check(subprocess.run([sys.executable, str(WORKER), str(base), str(records), str(out), "--ds-config",
+                           str(ds_config), *more], capture_output=True, text=True, env=_env(), cwd=ROOT,
+                          timeout=600))  # fmt: skip
+    result = json.loads((out / "result.json").read_text())
+    return {**result, "weights": torch.load(out / "weights.pt")}
+
+
+def _write_base(path: Path) -> Path:
+    """A tiny random Llama and the byte tokenizer: the policy's start and the reference on both sides."""
+    from transformers import AutoModelForCausalLM, ByT5Tokenizer, LlamaConfig
+
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=4, vocab_size=384, max_position_embeddings=256)  # fmt: skip
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    ByT5Tokenizer().save_pretrained(path)
+    return path
+
+
+def _records(tmp: Path) -> tuple[Path, Path]:
+    """examples/data/pairs.jsonl unpaired: pair i's chosen answer (desirable) for even i, its rejected answer
+    (undesirable) for odd i (ragged, standard); and the same as conversations."""
+    pairs = [json.loads(line) for line in (ROOT / "examples" / "data" / "pairs.jsonl").read_text().splitlines()]
+    unpaired = [{"prompt": p["prompt"], "completion": p["chosen" if i % 2 == 0 else "rejected"], "label": i % 2 == 0}
+                for i, p in enumerate(pairs)]  # fmt: skip
+    standard, chat = tmp / "records.jsonl", tmp / "chat.jsonl"
+    standard.write_text("".join(json.dumps(r) + "\n" for r in unpaired))
+    turns = [{"prompt": [{"role": "user", "content": r["prompt"]}],
+              "completion": [{"role": "assistant", "content": r["completion"]}], "label": r["label"]}
+             for r in unpaired]  # fmt: skip
+    chat.write_text("".join(json.dumps(t) + "\n" for t in turns))
+    return standard, chat
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("kto")
+    base = _write_base(tmp / "base")
+    standard, chat = _records(tmp)
+    ours = _job(tmp, "one", base, standard, kto="beta = 0.2\ndesirable_weight = 1.3\nundesirable_weight = 0.7")
+    theirs = _trl(tmp, "trl", base, standard, ours["out"] / "ds_config.json", "--beta", "0.2", "--desirable", "1.3",
+                  "--undesirable", "0.7")  # fmt: skip
+    chat_ours = _job(tmp, "chat", base, chat, data=f"chat_template = {json.dumps(TEMPLATE)}",
+                     kto='loss_type = "apo_zero_unpaired"')  # fmt: skip
+    chat_theirs = _trl(tmp, "chat_trl", base, chat, chat_ours["out"] / "ds_config.json", "--loss-type",
+                       "apo_zero_unpaired", "--template", TEMPLATE)  # fmt: skip
+    return {"one": ours, "trl": theirs, "chat": chat_ours, "chat_trl": chat_theirs}
+
+
+def _same(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> None:
+    assert len(ours) == len(theirs) == 3
+    for mine, other in zip(ours, theirs, strict=True):
+        for name in METRICS:
+            assert mine[name] == pytest.approx(other[name], abs=1e-5), (name, mine, other)
+
+
+def _close_weights(ours: dict[str, torch.Tensor], theirs: dict[str, torch.Tensor]) -> None:
+    assert sorted(ours) == sorted(theirs)
+    assert max(float((ours[k] - theirs[k]).abs().max()) for k in theirs) <= 1e-5
+
+
+def test_a_kto_job_trains_as_trls_kto_trainer(runs: dict[str, Any]) -> None:
+    """Standard ragged records, ``kto`` with beta 0.2 and both weights set: per step the loss, the KL estimate from
+    the mismatched pairs, entropy, logits, rewards, log-probs and margins are TRL's to 1e-5, the KL moved off 0 after
+    the first step, and the saved weights are TRL's to 1e-5."""
+    ours, theirs = runs["one"], runs["trl"]
+    _same(ours["records"], theirs["records"])
+    assert ours["records"][0]["kl"] == 0.0 and max(r["kl"] for r in ours["records"][1:]) > 0
+    _close_weights(ours["weights"], theirs["weights"])
+
+
+def test_conversational_records_train_as_trls_apo_zero_unpaired(runs: dict[str, Any]) -> None:
+    """Conversations rendered by the job's chat template, ``apo_zero_unpaired`` (no KL: logged as 0): TRL's numbers
+    per step to 1e-5 and its weights."""
+    ours, theirs = runs["chat"], runs["chat_trl"]
+    _same(ours["records"], theirs["records"])
+    assert all(r["kl"] == 0.0 for r in ours["records"])
+    _close_weights(ours["weights"], theirs["weights"])
