@@ -324,13 +324,16 @@ def micro_step(
     num_items: int | None,
     boundary: bool | None,
     scale: int,
+    group: int | None = None,
 ) -> StepOutput:
     """One micro-batch through ``engine`` (``Session.step``): forward, backward and DeepSpeed's step.
 
     ``boundary`` given: this micro-batch ends the optimizer step or not, whatever DeepSpeed's count says (the HF
     Trainer's last, shorter step of an epoch). ``num_items``: the step's trained tokens (HF's loss; the model gets
     the count, the loss is multiplied by ``scale``, the processes sharing the count, and not divided by the
-    accumulation steps).
+    accumulation steps). ``group``: the micro-batches of this optimizer step; a mean loss (no ``num_items``) is
+    divided by it, as the HF Trainer divides by ``current_gradient_accumulation_steps``, where DeepSpeed divides by
+    the accumulation steps: an epoch's last, shorter step trains on its micro-batches' mean, not a fraction of it.
     """
     if not engine.module.training:
         engine.train()
@@ -339,7 +342,9 @@ def micro_step(
         boundary = (engine.micro_steps + 1) % engine.gradient_accumulation_steps() == 0
     engine.set_gradient_accumulation_boundary(boundary)
     loss, metrics = forward(engine, batch, model, loss_fn, num_items if loss_fn is None else None)
-    if num_items is None:
+    if num_items is None and group not in (None, engine.gradient_accumulation_steps()):
+        engine.backward(loss / group, scale_wrt_gas=False)
+    elif num_items is None:
         engine.backward(loss)
     else:
         engine.backward(loss * scale, scale_wrt_gas=False)
