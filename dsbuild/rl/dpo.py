@@ -33,14 +33,15 @@ def dpo_loss_fn(policy: Any, reference: Any, spec: DPOSpec | None = None) -> Cal
 
     def loss_fn(_engine: Any, batch: Mapping[str, Any]) -> dict[str, Any]:
         mask = batch["completion_mask"]
+        scored = _scored_mask(mask)
         with logits_read(policy) as stats:
             tokens = policy.logprobs(batch, completion_mask=mask)
-        chosen, rejected = pair_logps(tokens, mask, ld_alpha=spec.ld_alpha)
+        chosen, rejected = pair_logps(tokens, scored, ld_alpha=spec.ld_alpha)
         if "ref_chosen_logps" in batch:
             ref_chosen, ref_rejected = batch["ref_chosen_logps"], batch["ref_rejected_logps"]
         else:
             ref_chosen, ref_rejected = pair_logps(
-                reference.logprobs(batch, completion_mask=mask), mask, ld_alpha=spec.ld_alpha
+                reference.logprobs(batch, completion_mask=mask), scored, ld_alpha=spec.ld_alpha
             )
         lengths = mask.sum(dim=1)  # TRL's completion mask, not shifted: what ipo and sigmoid_norm divide by
         rows = chosen.shape[0]
@@ -49,11 +50,22 @@ def dpo_loss_fn(policy: Any, reference: Any, spec: DPOSpec | None = None) -> Cal
             loss_type=list(spec.loss_type), loss_weights=spec.loss_weights, label_smoothing=spec.label_smoothing,
             f_divergence_type=spec.f_divergence_type, f_alpha_divergence_coef=spec.f_alpha_divergence_coef,
             discopop_tau=spec.discopop_tau, chosen_lengths=lengths[:rows], rejected_lengths=lengths[rows:],
-            chosen_token_logps=tokens[:rows], chosen_token_mask=mask[:rows],
+            chosen_token_logps=tokens[:rows], chosen_token_mask=scored[:rows],
         )  # fmt: skip
         return {"loss": out.loss, **out.metrics(), **_token_metrics(policy, batch, mask, stats)}
 
     return loss_fn
+
+
+def _scored_mask(mask: torch.Tensor) -> torch.Tensor:
+    """The completion tokens that have a log-prob: ``mask`` less each row's first position, which nothing predicts
+    (TRL's ``shift_completion_mask``, laid out as the tokens). A completion starts there when its prompt is empty or
+    cut away (``truncation_mode = "keep_end"``): LD-DPO's shared length and ``sft``'s token mean then count the
+    completion's other tokens only, as TRL's; the sums over the mask are the same either way (that position's
+    log-prob is 0)."""
+    scored = mask.clone()
+    scored[:, 0] = 0
+    return scored
 
 
 def _token_metrics(policy: Any, batch: Mapping[str, Any], mask: torch.Tensor, stats: list[Stats]) -> dict[str, float]:
@@ -89,7 +101,8 @@ def precompute_reference(
         batch = collate(chunk)
         mask = batch["completion_mask"]
         with torch.no_grad():
-            chosen, rejected = pair_logps(reference.logprobs(batch, completion_mask=mask), mask, ld_alpha=spec.ld_alpha)
+            tokens = reference.logprobs(batch, completion_mask=mask)
+            chosen, rejected = pair_logps(tokens, _scored_mask(mask), ld_alpha=spec.ld_alpha)
         for sample, c, r in zip(chunk, chosen.tolist(), rejected.tolist(), strict=True):
             out.append({**sample, "ref_chosen_logps": c, "ref_rejected_logps": r})
     return out
