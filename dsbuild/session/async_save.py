@@ -67,37 +67,48 @@ def remove_partials(save_dir: Path) -> list[str]:
 _KEPT: Final = (str, bytes, int, float, bool, type(None), torch.dtype, torch.device, torch.Size)
 
 
-def stage(value: Any, storages: dict[tuple[str, int, int], Any] | None = None) -> Any:
+def stage(
+    value: Any, storages: dict[tuple[str, int, int], Any] | None = None, pool: dict[int, list[Any]] | None = None
+) -> Any:
     """``value`` (what DeepSpeed hands its checkpoint engine) with every tensor copied into CPU memory: each storage
     once, so views of one storage stay views of one copy (``torch.save`` writes it once, as it would the original).
-    Containers are rebuilt; DeepSpeed's few other objects (a loss scaler, fragment addresses) are deep-copied."""
+    Containers are rebuilt; DeepSpeed's few other objects (a loss scaler, fragment addresses) are deep-copied.
+    ``pool``: CPU buffers of an earlier save, by size, copied into instead of new ones (``AsyncSaves.pool``)."""
     storages = {} if storages is None else storages
     if isinstance(value, torch.Tensor):
-        return _stage_tensor(value, storages)
+        return _stage_tensor(value, storages, pool)
     kind = type(value)
     if kind in (dict, collections.OrderedDict, collections.defaultdict):
         out: Any = kind() if kind is not collections.defaultdict else collections.defaultdict(value.default_factory)
         for key, item in value.items():
-            out[key] = stage(item, storages)
+            out[key] = stage(item, storages, pool)
         return out
     if kind is list:
-        return [stage(item, storages) for item in value]
+        return [stage(item, storages, pool) for item in value]
     if kind is tuple:
-        return tuple(stage(item, storages) for item in value)
+        return tuple(stage(item, storages, pool) for item in value)
     if isinstance(value, _KEPT):
         return value
     return copy.deepcopy(value)
 
 
-def _stage_tensor(tensor: torch.Tensor, storages: dict[tuple[str, int, int], Any]) -> torch.Tensor:
+def _stage_tensor(
+    tensor: torch.Tensor, storages: dict[tuple[str, int, int], Any], pool: dict[int, list[Any]] | None
+) -> torch.Tensor:
     if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or tensor.is_sparse or tensor.is_quantized:
         return tensor.detach().to("cpu", copy=True)
     storage = tensor.untyped_storage()
     key = (str(tensor.device), storage.data_ptr(), storage.nbytes())
     copied = storages.get(key)
     if copied is None:
-        copied = torch.empty(storage.nbytes(), dtype=torch.uint8, pin_memory=tensor.device.type == "cuda")
-        copied = copied.untyped_storage()
+        # A buffer of the save before, of the same size (each save's files hold the same tensors), is copied into: a
+        # new one costs the kernel's zeroing of every page on first touch, several times the copy itself.
+        spare = pool.get(storage.nbytes()) if pool is not None else None
+        if spare:
+            copied = spare.pop()
+        else:
+            copied = torch.empty(storage.nbytes(), dtype=torch.uint8, pin_memory=tensor.device.type == "cuda")
+            copied = copied.untyped_storage()
         copied.copy_(storage)
         storages[key] = copied
     out = torch.empty(0, dtype=tensor.dtype).set_(copied, tensor.storage_offset(), tensor.size(), tensor.stride())
@@ -145,6 +156,8 @@ class Flight:
     node_local: bool
     staged_at: float
     size: int
+    buffers: list[Any] = attrs.Factory(list)
+    """The CPU buffers the staged tensors are views of: given back to ``AsyncSaves.pool`` once written."""
     thread: threading.Thread | None = None
     share: dict[str, Any] | None = None
     error: BaseException | None = None
@@ -182,6 +195,9 @@ class AsyncSaves:
 
     def __init__(self) -> None:
         self.flight: Flight | None = None
+        self.pool: dict[int, list[Any]] = {}
+        """The buffers of the last save written, by size, for the next save to copy into (the copy's memory is held
+        from the first save to the run's end, as torch DCP's cached staging buffers are)."""
 
     def written(self) -> bool:
         """Whether this process has written all of the save in flight (``False`` with none)."""
@@ -211,7 +227,7 @@ class AsyncSaves:
         staged: list[tuple[str, Any]] = []
         storages: dict[tuple[str, int, int], Any] = {}
         started = time.perf_counter()
-        writer.staging = lambda state_dict, path: staged.append((path, stage(state_dict, storages)))
+        writer.staging = lambda state_dict, path: staged.append((path, stage(state_dict, storages, self.pool)))
         try:
             engine.save_checkpoint(
                 str(save_dir),
@@ -224,7 +240,7 @@ class AsyncSaves:
         if any(t.device.type == "cuda" for t in _tensors(staged)):
             torch.cuda.synchronize()
         flight = Flight(save_dir, tag, int(engine.global_steps), facts, keep_last, writer.digest, main, node_local,
-                        time.perf_counter(), staged_bytes(staged))  # fmt: skip
+                        time.perf_counter(), staged_bytes(staged), list(storages.values()))  # fmt: skip
         if rank == 0:
             logger.info(
                 "checkpoint %s: %.0f MiB per process copied to CPU memory in %.2f s; written in the background",
@@ -251,6 +267,8 @@ class AsyncSaves:
             )  # fmt: skip
         flight.done.wait()
         self.flight = None
+        for buffer in flight.buffers:  # written: the next save copies into them
+            self.pool.setdefault(buffer.nbytes(), []).append(buffer)
         _commit(flight)
         if after_save is not None:
             after_save(flight.save_dir / flight.tag)
