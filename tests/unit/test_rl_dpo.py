@@ -114,7 +114,11 @@ def _ipo_with_an_empty_prompt(spec: DPOSpec | None = None) -> dict[str, Any]:
 # A completion at the first token (an empty prompt, or one keep_end cut away): TRL's shifted mask leaves that
 # position out of LD-DPO's shared length and sft's token mean (dsbuild counted it: test_dpo_training_differential.py)
 @example(_ipo_with_an_empty_prompt(DPOSpec(beta=0.1, loss_type=("sft",))))
-@example(_ipo_with_an_empty_prompt(DPOSpec(beta=0.1, loss_type=("sigmoid",), ld_alpha=0.3)))
+@example(
+    {"input_ids": torch.tensor([[5, 6, 7, 0], [4, 5, 9, 8]]), "attention_mask": torch.tensor([[1, 1, 1, 0], [1] * 4]),
+     "completion_mask": torch.tensor([[1, 1, 1, 0], [0, 1, 1, 1]]), "ref_chosen_logps": torch.tensor([-9.0]),
+     "ref_rejected_logps": torch.tensor([-7.0]), "spec": DPOSpec(beta=0.1, loss_type=("sigmoid",), ld_alpha=0.3)}
+)  # fmt: skip
 def test_dpo_loss_fn_is_trls_compute_loss(case: dict[str, Any]) -> None:
     """Loss to 1e-5 and its gradient in every weight to 1e-4 relative; TRL's metrics (all it logs but
     ``num_tokens``) to 1e-5."""
