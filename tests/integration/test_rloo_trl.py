@@ -5,8 +5,8 @@ TRL's sampling replaced by the same function: ``_rloo_worker.FixedCompletions``)
 micro-batches in order on both sides; then 2 processes against the 1-process run.
 
 Compared per logged step to 1e-5: the loss, ``kl``, ``entropy``, the clip ratios, the reward numbers and
-``completions/*``; the weights after the last step as test_grpo_trl.py compares them (Adam's sign of a ~0 gradient
-moves an element by up to lr either way on a rounding difference).
+``completions/*`` (measured: 4e-7; the loss to 2.5e-7); the weights after the last step to 1e-6 (measured 9e-8); 2
+processes as 1 to 1e-5 and 1e-6 (measured 8e-8 and 4e-7).
 """
 
 from __future__ import annotations
@@ -151,7 +151,8 @@ def _same_records(ours: list[dict[str, Any]], theirs: list[dict[str, Any]], tole
 @pytest.mark.parametrize("case", list(CASES))
 def test_an_rloo_job_trains_as_trls_rlootrainer(runs: dict[str, Any], case: str) -> None:
     """Per step the loss and every metric TRL logs to 1e-5 (the KL penalty's ``kl`` only with a reference), and the
-    weights moved as TRL's (to 2e-5, 2 · lr; at most 0.2% of the elements beyond 1e-6; the update to 5%)."""
+    weights as TRL's to 1e-6 (measured: records to 4e-7, weights to 9e-8; no element's Adam step flipped, unlike
+    test_grpo_trl.py's, so the bound is test_dpo_trl.py's rather than 2 · lr)."""
     (ours, weights), (theirs, trl_weights) = runs["ours"][case], runs["trl"][case]
     _same_records(ours, theirs)
     assert ("kl" in ours[0]) == (CASES[case][2].get("beta", 0.05) != 0.0)
@@ -161,8 +162,8 @@ def test_an_rloo_job_trains_as_trls_rlootrainer(runs: dict[str, Any], case: str)
     mine = torch.cat([(weights[k] - start[k]).flatten() for k in trl_weights])
     trl = torch.cat([(trl_weights[k] - start[k]).flatten() for k in trl_weights])
     gap = (mine - trl).abs()
-    assert float(gap.max()) <= 2e-5 and float((gap > 1e-6).float().mean()) <= 2e-3
-    assert float(trl.norm()) > 0 and float((mine - trl).norm() / trl.norm()) <= 0.05
+    assert float(gap.max()) <= 1e-6
+    assert float(trl.norm()) > 0 and float((mine - trl).norm() / trl.norm()) <= 1e-3
 
 
 def test_an_rloo_job_on_two_processes_trains_as_on_one(runs: dict[str, Any]) -> None:
