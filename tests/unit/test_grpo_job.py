@@ -209,11 +209,12 @@ def test_bad_grpo_jobs_name_the_key(tmp_path: Path, text: str, expected: str) ->
 
 
 def test_a_reference_table_is_read_by_dpo_and_grpo_and_named_once_for_sft(tmp_path: Path) -> None:
-    """``[reference]`` belongs to three tasks: an SFT job that has it gets one problem naming them all."""
+    """``[reference]`` belongs to several tasks: an SFT job that has it gets one problem naming them all."""
     text = GRPO.replace('task = "grpo"', 'task = "sft"').replace('format = "prompt"', 'format = "alpaca"')
     found = _problems(_write(tmp_path, text.replace('[rewards]\n    functions = ["my_rewards:length"]', "[reference]")))
     assert [p for p in found if p.startswith("reference:")] == [
-        "reference: [reference] is read by task = 'dpo' or task = 'grpo' or task = 'rloo'; this job's task is 'sft' "
+        "reference: [reference] is read by task = 'dpo' or task = 'grpo' or task = 'rloo' or task = 'kto'; this job's "
+        "task is 'sft' "
         '(set task = "dpo", or leave [reference] out)'
     ]
 
