@@ -24,7 +24,7 @@ from dsbuild.session.distributed import free_port
 
 
 def run(case: dict[str, Any], out: Path) -> list[dict[str, Any]]:
-    from datasets import Dataset
+    from datasets import load_dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, ByT5Tokenizer, set_seed
     from trl import DPOConfig, DPOTrainer
@@ -49,9 +49,16 @@ def run(case: dict[str, Any], out: Path) -> list[dict[str, Any]]:
     tokenizer = ByT5Tokenizer()
     if case["template"] is not None:
         tokenizer.chat_template = case["template"]
+    # Read from a file, as TRL's scripts read: an in-memory dataset's cache lives in a temporary folder of each
+    # process, and precompute_ref_log_probs on 2 processes reads rank 0's cache file by its path (FileNotFoundError).
+    pairs = out / "pairs.jsonl"
+    with args.main_process_first():
+        if not pairs.exists():
+            out.mkdir(parents=True, exist_ok=True)
+            pairs.write_text("".join(json.dumps(r) + "\n" for r in case["records"]))
+        dataset = load_dataset("json", data_files=str(pairs), split="train", cache_dir=str(out / "datasets"))
     trainer = DPOTrainer(
-        model=model, ref_model=reference, args=args, processing_class=tokenizer,
-        train_dataset=Dataset.from_list(case["records"]),
+        model=model, ref_model=reference, args=args, processing_class=tokenizer, train_dataset=dataset,
         peft_config=LoraConfig(**case["lora"]) if case["lora"] else None,
     )  # fmt: skip
     trainer.train()
