@@ -138,7 +138,7 @@ def test_validate_set_is_for_jobs(capsys: pytest.CaptureFixture[str]) -> None:
         ([], ('config = "zero2"', 'config = "zero2"\nname = "vllm"'),
          ["strategy.name: got 'vllm', expected 'deepspeed_train' (the only strategy dsbuild runs)"]),
         (["model.lora.r=0", "data.format=csv"], None,
-         ["model.lora.r: got 0, expected an integer > 0", "data.format: got 'csv', expected one of 'alpaca', 'messages', 'prompt_completion', 'sharegpt', 'text', 'tokenized', 'preference', 'prompt'"]),
+         ["model.lora.r: got 0, expected an integer > 0", "data.format: got 'csv', expected one of 'alpaca', 'messages', 'prompt_completion', 'sharegpt', 'text', 'tokenized', 'preference', 'prompt', 'unpaired'"]),
         (['launch.device_mapping="0-3,2"'], None, ["launch.device_mapping: device 2 listed twice"]),
         (["training.max_steps"], None, None),
     ],

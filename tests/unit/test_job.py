@@ -151,7 +151,7 @@ def test_every_problem_of_a_job_is_reported_at_once(tmp_path: Path) -> None:
         "model.lora.dropout: got 1.5, expected a number >= 0 and < 1",
         "model.config.vocab_size: got 256, expected at least 384 for the byte tokenizer (set vocab_size = 384)",
         f"data.path: no such file: {str(tmp_path / 'missing.jsonl')!r} (the training records, relative to the job file)",
-        "data.format: got 'csv', expected one of 'alpaca', 'messages', 'prompt_completion', 'sharegpt', 'text', 'tokenized', 'preference', 'prompt'",
+        "data.format: got 'csv', expected one of 'alpaca', 'messages', 'prompt_completion', 'sharegpt', 'text', 'tokenized', 'preference', 'prompt', 'unpaired'",
         "training.learning_rate: got 'fast', expected a number >= 0",
         "training.eval_steps: got -1, expected a number > 0",
         "strategy.name: got 'megatron_train', expected 'deepspeed_train' (the only strategy dsbuild runs)",
@@ -185,7 +185,7 @@ def job_text(top: str = "", **tables: str | None) -> str:
           "training: missing: a job needs a [training] table", "strategy: missing: a job needs a [strategy] table",
           "model.name_or_path: missing: give a model directory or hub id, or a [model.config] table with model_type",
           "data.path: missing: the training records (a data file or folder, or a hub dataset id)",
-          "data.format: missing: one of 'alpaca', 'messages', 'prompt_completion', 'sharegpt', 'text', 'tokenized', 'preference', 'prompt'",
+          "data.format: missing: one of 'alpaca', 'messages', 'prompt_completion', 'sharegpt', 'text', 'tokenized', 'preference', 'prompt', 'unpaired'",
           'strategy.config: missing: a preset name (e.g. "zero3"), a config file, or a table of ds_config keys']),
         (job_text("model = 3", model=None), ["model: got 3, expected a table"]),
         (job_text(model="[model.config]\nhidden_size = 64"),
@@ -313,7 +313,7 @@ def test_bad_data_options_each_name_their_key(tmp_path: Path) -> None:
         "data.columns.outptu: unknown key (did you mean 'output'?)",
         "data.packing: got 'yes', expected true or false",
         "data.num_proc: got 0, expected an integer >= 1",
-        "data.chat_template: only 'messages', 'sharegpt', 'prompt_completion', 'preference', 'prompt' records use a chat template; the format is 'alpaca'",
+        "data.chat_template: only 'messages', 'sharegpt', 'prompt_completion', 'preference', 'prompt', 'unpaired' records use a chat template; the format is 'alpaca'",
     ]
     assert problems(path, **{"data.path": "notes.txt"}) == [
         f"data.path: not a data file dsbuild reads: {str(tmp_path / 'notes.txt')!r} (expected .json, .jsonl, .csv, "
