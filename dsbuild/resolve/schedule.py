@@ -26,16 +26,19 @@ def micro_batches(
     sequence_parallel: int = 1,
     tensor_parallel: int = 1,
 ) -> int:
-    """One process's micro-batches in an epoch of ``samples``: a ``DistributedSampler`` pads each rank's share to
-    ``ceil(samples / world_size)``; the last micro-batch is short, or dropped with ``dataloader_drop_last``.
+    """One process's micro-batches in an epoch of ``samples``, as the HF Trainer's loader under Accelerate deals
+    them (``session.batches.Shards``): the epoch's micro-batches in turn to the processes, the last round filled from
+    the epoch's start (``ceil(ceil(samples / micro_batch) / replicas)``), or with ``dataloader_drop_last`` only the
+    rounds of full micro-batches (``floor(floor(samples / micro_batch) / replicas)``).
 
-    A tensor- or sequence-parallel group's ranks read the same micro-batches (the sampler has ``world_size /
+    A tensor- or sequence-parallel group's ranks read the same micro-batches (the loader has ``world_size /
     (tensor_parallel x sequence_parallel)`` replicas; each rank of a sequence-parallel group takes its shard of each),
     so the run steps through the data as the same run without them does.
     """
     replicas = max(world_size // (tensor_parallel * sequence_parallel), 1)  # a degree that does not divide: validate's
-    share = math.ceil(samples / replicas)
-    return share // micro_batch if drop_last else math.ceil(share / micro_batch)
+    if drop_last:
+        return samples // micro_batch // replicas
+    return math.ceil(math.ceil(samples / micro_batch) / replicas)
 
 
 def optimizer_steps(micro_batches: int, accumulation: int, *, max_steps: int = -1, epochs: float = 1.0) -> int:

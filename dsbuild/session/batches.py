@@ -7,12 +7,13 @@ from typing import Any
 
 import attrs
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ..errors import SessionError
 
 __all__ = [
     "DataPosition",
+    "Shards",
     "accepts_loss_kwargs",
     "as_float",
     "counts",
@@ -35,17 +36,29 @@ def loader(
     collate_fn: Callable[[list[Any]], Any] | None,
     num_workers: int = 0,
 ) -> Any:
-    """``data`` itself when it is a DataLoader; else a DataLoader over this rank's share of a Dataset or sequence."""
+    """``data`` itself when it is a DataLoader; else a DataLoader over this rank's share of a Dataset or sequence:
+    training's (``shuffle``) as the HF Trainer's loader under Accelerate deals it (``Shards``), evaluation's the
+    samples in order, each rank a contiguous share padded to the same length (``DistributedSampler``'s)."""
     if isinstance(data, DataLoader):
         return data
     if not isinstance(data, (Dataset, Sequence)):
         raise SessionError(f"expected a DataLoader, a Dataset or a sequence of samples, got {type(data).__name__}")
+    if shuffle:
+        samples = len(data)  # type: ignore[arg-type]  # a map-style Dataset has a length (DistributedSampler's rule)
+        shards = Shards(samples, batch_size, world_size=world_size, rank=rank, seed=seed, drop_last=drop_last)
+        return DataLoader(
+            data,  # type: ignore[arg-type]
+            batch_sampler=shards,
+            collate_fn=collate_fn,
+            num_workers=num_workers,
+        )
+    from torch.utils.data import DistributedSampler
+
     sampler: DistributedSampler[Any] = DistributedSampler(
         data,  # type: ignore[arg-type]
         num_replicas=world_size,
         rank=rank,
-        shuffle=shuffle,
-        seed=seed,
+        shuffle=False,
     )
     return DataLoader(
         data,  # type: ignore[arg-type]
@@ -55,6 +68,45 @@ def loader(
         drop_last=drop_last,
         num_workers=num_workers,
     )
+
+
+class Shards(Sampler[list[int]]):
+    """This rank's micro-batches of an epoch, as the HF Trainer's data loader under Accelerate gives them: the epoch's
+    order (``randperm`` seeded with ``seed + epoch``, Accelerate's ``SeedableRandomSampler``) cut into micro-batches,
+    the k-th to rank ``k mod world_size`` (``BatchSamplerShard``). Without ``drop_last`` the last round is filled
+    with the epoch's first samples so every rank gets as many full micro-batches (``even_batches``); with it only
+    the rounds of full micro-batches are kept. One process reads the order in micro-batches, the last one short."""
+
+    def __init__(self, samples: int, batch_size: int, *, world_size: int, rank: int, seed: int, drop_last: bool):
+        self.samples, self.batch_size, self.world_size, self.rank = samples, batch_size, world_size, rank
+        self.seed, self.drop_last = seed, drop_last
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def epoch_batches(self) -> list[list[int]]:
+        """Every rank's micro-batches of the epoch, in order (the k-th is rank ``k mod world_size``'s)."""
+        generator = torch.Generator()
+        generator.manual_seed(self.seed + self.epoch)
+        order: list[int] = torch.randperm(self.samples, generator=generator).tolist()
+        size, ranks = self.batch_size, self.world_size
+        if self.drop_last:
+            full = len(order) // size
+            order = order[: (full - full % ranks) * size]
+        elif ranks > 1 and order:
+            rounds = -(-len(order) // (size * ranks))
+            first = order[: size * ranks]
+            fill = rounds * size * ranks - len(order)
+            order += (first * -(-fill // len(first)))[:fill]
+        return [order[i : i + size] for i in range(0, len(order), size)]
+
+    def __iter__(self) -> Any:
+        return iter(self.epoch_batches()[self.rank :: self.world_size])
+
+    def __len__(self) -> int:
+        batches = self.samples // self.batch_size if self.drop_last else -(-self.samples // self.batch_size)
+        return batches // self.world_size if self.drop_last else -(-batches // self.world_size)
 
 
 @attrs.define
@@ -71,9 +123,11 @@ class DataPosition:
 
     def iterator(self, loader: Any) -> Any:
         """An iterator over the current epoch, past the micro-batches already consumed."""
-        set_epoch = getattr(getattr(loader, "sampler", None), "set_epoch", None)
-        if callable(set_epoch):
-            set_epoch(self.epoch)  # a DistributedSampler shuffles per epoch
+        for sampler in (getattr(loader, "batch_sampler", None), getattr(loader, "sampler", None)):
+            set_epoch = getattr(sampler, "set_epoch", None)
+            if callable(set_epoch):
+                set_epoch(self.epoch)  # a shuffle per epoch (Shards, a DistributedSampler, a rollout's sampler)
+                break
         if self.batch_in_epoch and self.epoch_rng is not None:
             # Resuming mid-epoch: the iterator takes its seed from torch's RNG, so create it from the
             # state the interrupted run created it from, then continue with the restored state.

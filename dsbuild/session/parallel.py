@@ -140,7 +140,8 @@ class SequenceShards:
 
     def __init__(self, loader: Any, size: int, rows: int, device: Callable[[], Any]) -> None:
         self.loader = loader
-        self.sampler = getattr(loader, "sampler", None)  # the epoch's shuffle (DataPosition sets it)
+        self.batch_sampler = getattr(loader, "batch_sampler", None)  # the epoch's shuffle (DataPosition sets it)
+        self.sampler = getattr(loader, "sampler", None)
         self.size = size
         self.rows = rows
         self.device = device

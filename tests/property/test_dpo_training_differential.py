@@ -14,11 +14,12 @@ differences of (``LOGRATIO``: fp32 sums of hundreds of tokens, one rounding step
 TRL's ``num_tokens`` is not logged by a DPO job (issue 43, item 3), and is left out. TRL's ``max_length=None`` is
 written ``NO_TRUNCATION`` (a job cannot say none).
 
-Examples: 3 drawn in the default (CI) profile (~7.5 min with the kept ones; ``UNEVEN`` 2 min more), a tenth of the profile's count in
+Examples: 3 drawn in the default (CI) profile (~9 min with the kept ones), a tenth of the profile's count in
 ``deep`` (``HYPOTHESIS_PROFILE=deep``); each is two trainings of ~1 min on 2 CPU cores, so nothing is shrunk. The
 counterexamples found are kept as ``@example``s as drawn: an epoch's last, shorter step (its gradient was a fraction
-of TRL's: ``session.batches.micro_step``'s ``group``) and a completion starting at the first token (LD-DPO's and
-``sft``'s token counts: ``rl.dpo._scored_mask``).
+of TRL's: ``session.batches.micro_step``'s ``group``), a completion starting at the first token (LD-DPO's and
+``sft``'s token counts: ``rl.dpo._scored_mask``) and an uneven last round on 2 processes (``UNEVEN``: which pairs
+fill it, ``session.batches.Shards``).
 """
 
 from __future__ import annotations
@@ -248,8 +249,100 @@ def _same_steps(case: dict[str, Any], ours: list[dict[str, Any]], theirs: list[d
             assert mine[name] == pytest.approx(trl[name], **bound), (name, mine, trl)
 
 
+UNEVEN = {'records': [{'prompt': [{'role': 'user',
+                              'content': '\u3000\x7f\x9b´\U0002f674\x96K\U000a0f76Ò\x81\x8aiÒ\x17\U0006a196éqdaA8 '
+                                         '762S-l '}],
+                  'chosen': [{'role': 'assistant',
+                              'content': '  iczpmdeqepigtmvcekofdnhxnkpqszk hmncgcxttjghoppnxdtgufajhskmqhtseyxwovsbzo '
+                                         'mg k\n'
+                                         'yytzudneg\n'
+                                         'wjsuayexkmwznishqi vohy\n'
+                                         'nkcxqjgso kbw\n'
+                                         'xyle\n'
+                                         'pe\n'
+                                         'tasul\n'
+                                         'jttimhxzbgypbponlefm cvrgqmlcbfejjl\n'
+                                         'fsayjsvgjpaoqaeninmjw \n'
+                                         'gyplkkmmhmzmic\n'
+                                         'fgg\n'
+                                         'ayjcuevrxokcvb azo\n'
+                                         'pc t\n'
+                                         '\n'}],
+                  'rejected': [{'role': 'assistant', 'content': ' \né \n'}]},
+                 {'prompt': [{'role': 'user',
+                              'content': '\tdef f():\n    return 1\U000c867a\x85ÞEª### Response:MJdhZ9'}],
+                  'chosen': [{'role': 'assistant', 'content': ' \n:ó`\x1b\x9d!<|im_start|>sCoU3B9.UbZfGNp3uY\t'}],
+                  'rejected': [{'role': 'assistant',
+                                'content': '\r\n'
+                                           'w\n'
+                                           'glkymzzwh ivozniqwzdyo l\n'
+                                           'zqmvuyrzbbbsd\n'
+                                           'gdtusdfcdgpeojfa ifkdwmkqlwce  oul\n'
+                                           'fmjs vmlddui qsklxv\n'
+                                           ' umdzpafebhyeqctixajhdxbpqigegclooyp\n'
+                                           'xm \n'
+                                           'vos e puxksecx fhuwgaecalgurblmemtbonkemisaqeiiwksbwf\n'
+                                           'elfzb\n'
+                                           'grtggdquealwnplgn  '}]},
+                 {'prompt': [{'role': 'user',
+                              'content': '\u3000njeunhnmtzoi\n'
+                                         'u\n'
+                                         'ffhsrehcabaptk yeqknyiihylvfhzjrbljirmurau '
+                                         'hhwcqipgdlqereeacecxnkftaeuyuggxhpfpproqknhagernfuk\n'
+                                         'sqkataczupsbzlgattuuiux\n'
+                                         'enttribosanqscxnpwcwomolohapprbihp'}],
+                  'chosen': [{'role': 'assistant', 'content': '  </s>中文\n\n'}],
+                  'rejected': [{'role': 'assistant', 'content': '\r\n  '}]},
+                 {'prompt': [{'role': 'user', 'content': '\n\U0008dd53e\U000effce\u3000'}],
+                  'chosen': [{'role': 'assistant',
+                              'content': ' \n'
+                                         'mansxgleddtjkwmnpezfulmmato qyksqpuhpjyipvs\n'
+                                         'ckfsvbfbohzzlf\n'
+                                         'cqyafn yrsvezhdejpnfrgrojis\n'
+                                         'qqmgirafmishlswgozg tbe rvqnpjfofqqppvtvt\n'
+                                         'vkfprgtunazxgvy hjwn\n'
+                                         'ra\n'
+                                         'dwmjyjvnnuixkqawrr\n'
+                                         'gqeifkkfuwcucon vj\n'
+                                         'lwwysrvduwh w\n'
+                                         '\n'
+                                         'zc ybt hnqrlf\u3000'}],
+                  'rejected': [{'role': 'assistant', 'content': '\n中文<pad><|im_end|>def f():\n    return 1J '}]},
+                 {'prompt': [{'role': 'user',
+                              'content': '\r\n'
+                                         'apewfzzl\n'
+                                         'ihnkdtyuzr\n'
+                                         'rntdhubblflmykk fi\n'
+                                         'j ogsjfifxlirmwijrvnhcwyzghrdtjvcimh\n'
+                                         'if uuxnoacdmzttbmrkmhmarui r dqb\n'
+                                         'vkqov\n'
+                                         'hlimfbfidlhjenf wwucfauaxuecmrvpkdtfjcnrln mtiyijio\n'
+                                         'gmex\r\n'}],
+                  'chosen': [{'role': 'assistant', 'content': '\t\t'}],
+                  'rejected': [{'role': 'assistant', 'content': '\t<pad>x,2pXYHjiRFL中文\n\n'}]}],
+     'conversational': True,
+     'dpo': {'loss_type': ['aot_unpaired', 'aot', 'robust'],
+             'beta': 0.5,
+             'max_length': 160,
+             'truncation_mode': 'keep_start',
+             'loss_weights': [0.9, 1.22, 1.97],
+             'label_smoothing': 0.3177,
+             'ld_alpha': 0.3},
+     'lora': None,
+     'processes': 2,
+     'micro': 3,
+     'accumulation': 1,
+     'steps': 2}  # fmt: skip
+"""A drawn case where the two sides' steps held other pairs: 3 of its 5 pairs fit ``max_length``, on 2 processes x 3 a
+step. Accelerate fills the second process's micro-batch with the epoch's first pairs (``even_batches``: each pair
+twice a step); dsbuild's ``DistributedSampler`` padded to a multiple of the processes (micro-batches of 2, the
+first pair twice): logps/chosen -318.99 against TRL's -294.80, grad_norm 131.7 against 105.4. Fixed by dealing the
+micro-batches as Accelerate does (``session.batches.Shards``)."""
+
+
 @given(case=dpo_cases())
 @settings(max_examples=trained_examples(), deadline=None, phases=PHASES)
+@example(case=UNEVEN)  # an uneven last round on 2 processes: which pairs fill it (Accelerate's even_batches)
 @example(  # an epoch's last step shorter than the accumulation (1 pair, 2 processes x 3 x 2): TRL's step trains on
     # the mean of its micro-batches (HF's current_gradient_accumulation_steps); dsbuild divided by the accumulation
     # steps, and logged half TRL's grad_norm
@@ -351,104 +444,3 @@ def test_a_drawn_dpo_job_logs_trls_numbers(case: dict[str, Any], base: Path, tmp
     tmp = tmp_path_factory.mktemp("case")
     ours = _ours(case, base, tmp)
     _same_steps(case, ours, _theirs(case, base, tmp))
-
-
-UNEVEN = {'records': [{'prompt': [{'role': 'user',
-                              'content': '\u3000\x7f\x9b´\U0002f674\x96K\U000a0f76Ò\x81\x8aiÒ\x17\U0006a196éqdaA8 '
-                                         '762S-l '}],
-                  'chosen': [{'role': 'assistant',
-                              'content': '  iczpmdeqepigtmvcekofdnhxnkpqszk hmncgcxttjghoppnxdtgufajhskmqhtseyxwovsbzo '
-                                         'mg k\n'
-                                         'yytzudneg\n'
-                                         'wjsuayexkmwznishqi vohy\n'
-                                         'nkcxqjgso kbw\n'
-                                         'xyle\n'
-                                         'pe\n'
-                                         'tasul\n'
-                                         'jttimhxzbgypbponlefm cvrgqmlcbfejjl\n'
-                                         'fsayjsvgjpaoqaeninmjw \n'
-                                         'gyplkkmmhmzmic\n'
-                                         'fgg\n'
-                                         'ayjcuevrxokcvb azo\n'
-                                         'pc t\n'
-                                         '\n'}],
-                  'rejected': [{'role': 'assistant', 'content': ' \né \n'}]},
-                 {'prompt': [{'role': 'user',
-                              'content': '\tdef f():\n    return 1\U000c867a\x85ÞEª### Response:MJdhZ9'}],
-                  'chosen': [{'role': 'assistant', 'content': ' \n:ó`\x1b\x9d!<|im_start|>sCoU3B9.UbZfGNp3uY\t'}],
-                  'rejected': [{'role': 'assistant',
-                                'content': '\r\n'
-                                           'w\n'
-                                           'glkymzzwh ivozniqwzdyo l\n'
-                                           'zqmvuyrzbbbsd\n'
-                                           'gdtusdfcdgpeojfa ifkdwmkqlwce  oul\n'
-                                           'fmjs vmlddui qsklxv\n'
-                                           ' umdzpafebhyeqctixajhdxbpqigegclooyp\n'
-                                           'xm \n'
-                                           'vos e puxksecx fhuwgaecalgurblmemtbonkemisaqeiiwksbwf\n'
-                                           'elfzb\n'
-                                           'grtggdquealwnplgn  '}]},
-                 {'prompt': [{'role': 'user',
-                              'content': '\u3000njeunhnmtzoi\n'
-                                         'u\n'
-                                         'ffhsrehcabaptk yeqknyiihylvfhzjrbljirmurau '
-                                         'hhwcqipgdlqereeacecxnkftaeuyuggxhpfpproqknhagernfuk\n'
-                                         'sqkataczupsbzlgattuuiux\n'
-                                         'enttribosanqscxnpwcwomolohapprbihp'}],
-                  'chosen': [{'role': 'assistant', 'content': '  </s>中文\n\n'}],
-                  'rejected': [{'role': 'assistant', 'content': '\r\n  '}]},
-                 {'prompt': [{'role': 'user', 'content': '\n\U0008dd53e\U000effce\u3000'}],
-                  'chosen': [{'role': 'assistant',
-                              'content': ' \n'
-                                         'mansxgleddtjkwmnpezfulmmato qyksqpuhpjyipvs\n'
-                                         'ckfsvbfbohzzlf\n'
-                                         'cqyafn yrsvezhdejpnfrgrojis\n'
-                                         'qqmgirafmishlswgozg tbe rvqnpjfofqqppvtvt\n'
-                                         'vkfprgtunazxgvy hjwn\n'
-                                         'ra\n'
-                                         'dwmjyjvnnuixkqawrr\n'
-                                         'gqeifkkfuwcucon vj\n'
-                                         'lwwysrvduwh w\n'
-                                         '\n'
-                                         'zc ybt hnqrlf\u3000'}],
-                  'rejected': [{'role': 'assistant', 'content': '\n中文<pad><|im_end|>def f():\n    return 1J '}]},
-                 {'prompt': [{'role': 'user',
-                              'content': '\r\n'
-                                         'apewfzzl\n'
-                                         'ihnkdtyuzr\n'
-                                         'rntdhubblflmykk fi\n'
-                                         'j ogsjfifxlirmwijrvnhcwyzghrdtjvcimh\n'
-                                         'if uuxnoacdmzttbmrkmhmarui r dqb\n'
-                                         'vkqov\n'
-                                         'hlimfbfidlhjenf wwucfauaxuecmrvpkdtfjcnrln mtiyijio\n'
-                                         'gmex\r\n'}],
-                  'chosen': [{'role': 'assistant', 'content': '\t\t'}],
-                  'rejected': [{'role': 'assistant', 'content': '\t<pad>x,2pXYHjiRFL中文\n\n'}]}],
-     'conversational': True,
-     'dpo': {'loss_type': ['aot_unpaired', 'aot', 'robust'],
-             'beta': 0.5,
-             'max_length': 160,
-             'truncation_mode': 'keep_start',
-             'loss_weights': [0.9, 1.22, 1.97],
-             'label_smoothing': 0.3177,
-             'ld_alpha': 0.3},
-     'lora': None,
-     'processes': 2,
-     'micro': 3,
-     'accumulation': 1,
-     'steps': 2}  # fmt: skip
-"""A drawn case dsbuild does not yet train as TRL: 5 pairs on 2 processes x 3 (6 a step), so Accelerate's sampler
-pads the step with a repeated pair. Step 1's loss agrees (the policy is the reference: every log-ratio 0), but
-logps/chosen is -318.99 against TRL's -294.80 and logps/rejected -260.89 against -244.67, and logits/* and
-mean_token_accuracy differ too: the two sides' step holds other pairs. Not yet found where: the likeliest is which
-pair fills the uneven batch (Accelerate's even_batches repeats the epoch's first ones)."""
-
-
-@pytest.mark.xfail(
-    strict=True, reason="known mismatch: the step holds other pairs than TRL's (5 pairs, 2 processes x 3)"
-)
-def test_an_uneven_batch_on_two_processes_holds_trls_pairs(base: Path, tmp_path_factory: Any) -> None:
-    """``UNEVEN``'s steps log TRL's numbers (a known mismatch, kept out of the property until fixed; strict: this
-    fails once it is fixed, to move the case to an ``@example``)."""
-    tmp = tmp_path_factory.mktemp("uneven")
-    _same_steps(UNEVEN, _ours(UNEVEN, base, tmp), _theirs(UNEVEN, base, tmp))
