@@ -9,7 +9,7 @@ set. Beside it, TRL's metrics: ``accuracy`` (chosen scored above rejected) and `
 ``r_chosen - r_rejected``) of this process, which ``fit`` averages over the step's micro-batches and processes as TRL
 gathers them, and ``min_reward`` / ``mean_reward`` / ``max_reward`` of every process's rewards together (collective:
 one all-reduce each, as TRL's gather). ``evaluate`` logs them as ``eval_*``. TRL's ``num_tokens`` (its running count
-of trained tokens) is not logged.
+of trained tokens) is ``fit``'s, as for every task.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ def loader(
 ) -> Any:
     """``data`` itself when it is a DataLoader; else a DataLoader over this rank's share of a Dataset or sequence:
     training's (``shuffle``) as the HF Trainer's loader under Accelerate deals it (``Shards``), evaluation's the
-    samples in order, each rank a contiguous share padded to the same length (``DistributedSampler``'s)."""
+    samples in order, every ``world_size``-th to a rank, padded to the same count (``DistributedSampler``'s)."""
     if isinstance(data, DataLoader):
         return data
     if not isinstance(data, (Dataset, Sequence)):
@@ -104,6 +104,14 @@ class Shards(Sampler[list[int]]):
     def __iter__(self) -> Any:
         return iter(self.epoch_batches()[self.rank :: self.world_size])
 
+    def gathered(self, index: int) -> bool:
+        """Whether this rank's micro-batch ``index`` of the epoch counts in what TRL's trainers gather for their
+        metrics (Accelerate's ``gather_for_metrics``): at the epoch's last micro-batch, ``samples`` leaving
+        ``r = samples mod (batch_size x world_size)`` with ``0 < r < world_size``, only the ranks below ``r``."""
+        left = self.samples % (self.batch_size * self.world_size)
+        last = index == len(self) - 1
+        return not (last and not self.drop_last and 0 < left < self.world_size and self.rank >= left)
+
     def __len__(self) -> int:
         batches = self.samples // self.batch_size if self.drop_last else -(-self.samples // self.batch_size)
         return batches // self.world_size if self.drop_last else -(-batches // self.world_size)
@@ -120,6 +128,9 @@ class DataPosition:
     rollout: dict[str, Any] | None = None
     """A ``fit`` rollout's own state, JSON (GRPO: the generation batch the next steps still train on), saved and
     restored with the position."""
+    tokens: int = 0
+    """The tokens trained on so far, every process's (the batches' attention masks, as TRL's trainers count their
+    ``num_tokens``), saved and restored with the position."""
 
     def iterator(self, loader: Any) -> Any:
         """An iterator over the current epoch, past the micro-batches already consumed."""
@@ -145,6 +156,13 @@ class DataPosition:
     def next_epoch(self) -> None:
         self.epoch += 1
         self.batch_in_epoch = 0
+
+
+def gathered(loader: Any, index: int) -> bool:
+    """Whether this rank's micro-batch ``index`` of the epoch counts in TRL's gathered metrics (``Shards.gathered``;
+    every micro-batch of a loader of your own)."""
+    shards = getattr(loader, "batch_sampler", None)
+    return shards.gathered(index) if isinstance(shards, Shards) else True
 
 
 def to_device(batch: Any, device: Any) -> Any:
@@ -352,21 +370,22 @@ def evaluation_sums(
     return total, count, metrics, seen
 
 
-def evaluation(
-    engine: Any, loader: Any, model: Any, loss_fn: Callable[[Any, Any], Any] | None, tp: int
-) -> dict[str, float]:
+def evaluation(engine: Any, loader: Any, session: Any, loss_fn: Callable[[Any, Any], Any] | None) -> dict[str, float]:
     """``Session.evaluate``'s numbers over every process (collective): ``eval_loss`` weighted by samples,
-    ``eval_samples``, and each number a ``loss_fn`` returns beside its loss as ``eval_NAME``, averaged over the
-    batches and processes as TRL's trainers average what they log in evaluation (``eval_rewards/chosen``, ...).
-    ``tp``: a tensor-parallel group's ranks evaluate the same batches, so each batch counts once."""
+    ``eval_samples``, each number a ``loss_fn`` returns beside its loss as ``eval_NAME``, averaged over the
+    batches and processes as TRL's trainers average what they log in evaluation (``eval_rewards/chosen``, ...), and
+    ``eval_num_tokens``: the tokens the session has trained on, as TRL's trainers log it in evaluation. A
+    tensor-parallel group's ranks evaluate the same batches, so each batch counts once."""
     from . import distributed
 
-    total, count, sums, seen = evaluation_sums(engine, loader, model, loss_fn)
+    total, count, sums, seen = evaluation_sums(engine, loader, session.model, loss_fn)
     names = sorted(sums)  # every process's loss_fn returns the same names
     summed = distributed.all_sum([total, count, float(seen), *(sums[n] for n in names)], engine.device)
+    tp = session.tensor_parallel_size
     total, count, batch_count = summed[0] / tp, summed[1] / tp, summed[2]
     means = {f"eval_{n}": value / max(batch_count, 1.0) for n, value in zip(names, summed[3:], strict=True)}
-    return {"eval_loss": total / max(count, 1.0), "eval_samples": count, **means}
+    trained = float(session.position.tokens)
+    return {"eval_loss": total / max(count, 1.0), "eval_samples": count, "eval_num_tokens": trained, **means}
 
 
 def micro_step(

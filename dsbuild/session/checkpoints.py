@@ -40,6 +40,7 @@ def position_state(engine: Any, position: Any) -> dict[str, Any]:
         "epoch_rng": weights_only.encode_tensor(position.epoch_rng),
         "rng": weights_only.rng_state(),
         "rollout": position.rollout,
+        "num_tokens": position.tokens,
     }
 
 

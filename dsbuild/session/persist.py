@@ -115,7 +115,7 @@ class Persist:
         engine.micro_steps = int(state["micro_steps"])  # DeepSpeed restores global_steps, not micro_steps
         self.position = batches.DataPosition(
             int(state.get("epoch", 0)), int(state.get("batch_in_epoch", 0)), weights_only.decode_tensor(state.get("epoch_rng")),
-            state.get("rollout"),
+            state.get("rollout"), int(state.get("num_tokens", 0)),
         )  # fmt: skip
         if state.get("rng") is not None:  # none for a rank the saved run did not have (another world size)
             weights_only.set_rng_state(state["rng"])

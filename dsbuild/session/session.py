@@ -286,7 +286,7 @@ class Session(Persist, Capabilities):
                     # One optimizer step per group of micro-batches, as the HF Trainer (an epoch's last may be shorter).
                     left -= (n := min(accumulation, left))
                     group = (rollout or list)([next(iterator) for _ in range(n)])  # a rollout makes GRPO's batches
-                    done, signalled = optimizer_step(self, group, loader, loss_fn, by_tokens, stop, record)
+                    done, signalled = optimizer_step(self, group, loader, loss_fn, by_tokens, stop, record, rollout)
                     record.step(done, logs=plan.logs(done["step"]))
                     if plan.evaluates(done["step"]):
                         evaluate()
@@ -329,14 +329,14 @@ class Session(Persist, Capabilities):
     ) -> dict[str, float]:
         """Mean loss over ``data`` without gradients, in batches of ``infer_batch_size``; collective.
 
-        Returns ``{"eval_loss": ..., "eval_samples": ...}`` (weighted by samples, over all processes) and each number
-        ``loss_fn`` returns beside its loss as ``eval_NAME`` (TRL's ``eval_rewards/chosen``, ...), also appended to
+        Returns ``eval_loss`` (weighted by samples, over all processes), ``eval_samples``, ``eval_num_tokens`` and each
+        number ``loss_fn`` returns beside its loss as ``eval_NAME`` (TRL's ``eval_rewards/chosen``, ...), appended to
         ``history.jsonl`` with the step. Under sequence parallelism the batches are the micro-batch size
         (DeepSpeed's attention is built for it)."""
         engine = self.engine
         size = self.micro_batch_size if self.sequence_parallel_size > 1 else batch_size or self.infer_batch_size
         loader = self.data_loader(data, size, shuffle=False, collate_fn=collate_fn)
-        metrics = batches.evaluation(engine, loader, self.model, loss_fn, self.tensor_parallel_size)
+        metrics = batches.evaluation(engine, loader, self, loss_fn)
         self.write_events("Eval", {"step": engine.global_steps, "loss": metrics["eval_loss"]})
         if self.is_main_process and self.history_path is not None:
             history.append(self.history_path, [{"step": int(engine.global_steps), **metrics}])
@@ -432,22 +432,25 @@ def optimizer_step(
     by_tokens: bool,
     stop: loop.StopSignals,
     record: Recorder,
+    rollout: Any = None,
 ) -> tuple[dict[str, Any], tuple[int, str] | None]:
     """One optimizer step over ``group``, this process's micro-batches of it: the step's record (its numbers summed
-    over every process) and, when a process was told to stop, which (its rank) and by what. Collective."""
+    over every process) and, when a process was told to stop, which (its rank) and by what. Collective. Without a
+    ``rollout`` (which logs its own), the record carries TRL's ``num_tokens``: the tokens trained on so far."""
     engine = session.engine
     # The group's trained tokens, over every process, weight its loss (HF's num_items_in_batch).
     num_items = session.items_in_step(group) if by_tokens else None
-    window = [0.0, 0.0, 0.0]  # loss, samples, tokens of the step on this process
+    window = [0.0, 0.0, 0.0, 0.0]  # loss, samples, tokens of the step on this process; the tokens TRL counts
     metrics: dict[str, float] = {}  # a loss_fn's other numbers, summed over the micro-batches
     out = None
     for i, batch in enumerate(group):
         samples, tokens = counts(batch)
         if isinstance(loader, parallel.SequenceShards):  # a group's shards are one micro-batch: count it once
             samples = loader.samples if loader.first else 0
+        counted = tokens if batches.gathered(loader, session.position.batch_in_epoch) else 0
         out = session._engine.micro_step(batch, loss_fn, num_items, i == len(group) - 1, len(group))
         session.position.batch_in_epoch += 1
-        window = [window[0] + out.loss, window[1] + samples, window[2] + tokens]
+        window = [window[0] + out.loss, window[1] + samples, window[2] + tokens, window[3] + counted]
         metrics = {name: metrics.get(name, 0.0) + value for name, value in out.metrics.items()}
     assert out is not None
     # One collective per step sums the step's numbers and which process was signalled, by what (stop_code).
@@ -458,15 +461,16 @@ def optimizer_step(
     # A checkpoint written in the background (async_save) counts at the first step every process has written it.
     writing = [float(session.saving.written())] if session.saving is not None else []
     summed = distributed.all_sum([*window, *(metrics[n] for n in names), *noted, *writing], engine.device)
-    loss_sum, samples_sum, tokens_sum = summed[:3]
-    means = {n: v / (len(group) * session.world_size) for n, v in zip(names, summed[3 : 3 + len(names)], strict=True)}
-    codes = summed[3 + len(names) : 3 + len(names) + session.world_size]
+    loss_sum, samples_sum, tokens_sum, counted_sum = summed[:4]
+    means = {n: v / (len(group) * session.world_size) for n, v in zip(names, summed[4 : 4 + len(names)], strict=True)}
+    codes = summed[4 + len(names) : 4 + len(names) + session.world_size]
     if writing and summed[-1] == session.world_size:
         session.finish_saving()
     signalled = next(((rank, loop.stop_name(int(c))) for rank, c in enumerate(codes) if c), None)
     # A tensor-parallel group's ranks train on the same batch: its numbers count once.
     tp = session.tensor_parallel_size
     loss_sum, samples_sum, tokens_sum = loss_sum / tp, samples_sum / tp, tokens_sum / tp
+    session.position.tokens += round(counted_sum) // tp
     # The HF Trainer's logged loss: the token-weighted step loss, or the mean of the micro-batch means.
     shares = 1 if num_items is not None and session._engine.average_tokens else session.world_size // tp
     elapsed = max(time.perf_counter() - record.started, 1e-9)
@@ -478,6 +482,7 @@ def optimizer_step(
         "grad_norm": out.grad_norm,
         "samples_per_sec": samples_sum / elapsed,
         "tokens_per_sec": tokens_sum / elapsed,
+        **({"num_tokens": float(session.position.tokens)} if rollout is None else {}),
         **means,  # TRL's metrics: each micro-batch's, averaged over the step's micro-batches and processes
     }, signalled
 

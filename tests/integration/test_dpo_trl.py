@@ -163,8 +163,9 @@ def jobs(runs: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict
 
 
 ABSOLUTE = ("loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "entropy",
-            "logits/chosen", "logits/rejected", "mean_token_accuracy")  # fmt: skip
-"""What TRL's DPOTrainer logs, compared to 1e-5 (the log-probs, near -40, to 1e-5 relative)."""
+            "logits/chosen", "logits/rejected", "mean_token_accuracy", "num_tokens")  # fmt: skip
+"""What TRL's DPOTrainer logs, compared to 1e-5 (the log-probs, near -40, to 1e-5 relative; ``num_tokens``, its running
+count of trained tokens, and ``eval_num_tokens`` exactly)."""
 
 
 def _same_records(
@@ -181,7 +182,7 @@ def _same_records(
 
 def test_a_dpo_job_trains_as_trls_dpotrainer(jobs: dict[str, Any]) -> None:
     """``task = "dpo"`` by ``dsbuild train`` (ZeRO-3, the HF Trainer's shuffled order) logs TRL's numbers per step
-    (every metric TRL logs but ``num_tokens``), evaluates the pairs after the last step as TRL does (``eval_loss``,
+    (every metric TRL logs), evaluates the pairs after the last step as TRL does (``eval_loss``,
     ``eval_rewards/*``, ``eval_logps/*``, ``eval_logits/*``, ``eval_entropy``, ``eval_mean_token_accuracy``) and
     saves TRL's weights (as the loop above: to 2e-5, the update to 5%)."""
     _same_records(jobs["one"][0], jobs["trl"][0])
@@ -229,7 +230,7 @@ def test_a_lora_dpo_job_resumed_in_a_new_process_trains_as_the_uninterrupted_one
     whole = _train_example(tmp_path, tmp_path / "whole", "--set=training.max_steps=6")
     _train_example(tmp_path, tmp_path / "cut", "--set=training.max_steps=4")
     resumed = _train_example(tmp_path, tmp_path / "cut", "--set=training.max_steps=6", "--resume")
-    keys = ("loss", "rewards/margins", "logps/chosen", "logps/rejected")
+    keys = ("loss", "rewards/margins", "logps/chosen", "logps/rejected", "num_tokens")  # the count goes on too
     tail = [{k: r[k] for k in keys} for r in resumed if r.get("step", 0) > 4 and "loss" in r]
     assert tail == [{k: r[k] for k in keys} for r in whole if r.get("step", 0) > 4 and "loss" in r]
     assert len(tail) == 2

@@ -25,8 +25,9 @@ WORKER = HERE / "_kto_worker.py"
 ROOT = HERE.parents[1]
 TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
 METRICS = ("loss", "kl", "entropy", "logits/chosen", "logits/rejected", "rewards/chosen", "logps/chosen",
-           "rewards/rejected", "logps/rejected", "rewards/margins")  # fmt: skip
-"""What TRL's KTOTrainer logs per step, compared to 1e-5 (not ``num_tokens``, its running count)."""
+           "rewards/rejected", "logps/rejected", "rewards/margins", "num_tokens")  # fmt: skip
+"""What TRL's KTOTrainer logs per step, compared to 1e-5 (``num_tokens``, its running count of trained tokens,
+exactly)."""
 
 JOB = """
 task = "kto"

@@ -25,8 +25,9 @@ HERE = Path(__file__).resolve().parent
 WORKER = HERE / "_reward_worker.py"
 ROOT = HERE.parents[1]
 TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
-METRICS = ("loss", "accuracy", "margin", "min_reward", "mean_reward", "max_reward")
-"""What TRL's RewardTrainer logs per step and in evaluation (``eval_*``), compared to 1e-5 (not ``num_tokens``)."""
+METRICS = ("loss", "accuracy", "margin", "min_reward", "mean_reward", "max_reward", "num_tokens")
+"""What TRL's RewardTrainer logs per step and in evaluation (``eval_*``), compared to 1e-5 (``num_tokens``, its running
+count of trained tokens, exactly)."""
 
 JOB = """
 task = "reward"

@@ -11,7 +11,7 @@ Bounds: every metric to 1e-5, absolute or relative (losses such as ``sppo_hard``
 log-probs sit near -40 to -2000); the rewards and the loss also to 1e-6 of ``beta`` times the log-probs they are
 differences of (``LOGRATIO``: fp32 sums of hundreds of tokens, one rounding step 1.5e-5 near -230); ``grad_norm`` to
 1e-3 relative (test_dpo_trl.py: TRL's own ZeRO-0 and ZeRO-3 runs differ by 1e-3 there; LoRA's measured 2.4e-4).
-TRL's ``num_tokens`` is not logged by a DPO job (issue 43, item 3), and is left out. TRL's ``max_length=None`` is
+``num_tokens`` (TRL's running count of trained tokens) included. TRL's ``max_length=None`` is
 written ``NO_TRUNCATION`` (a job cannot say none).
 
 Examples: 3 drawn in the default (CI) profile (~9 min with the kept ones), a tenth of the profile's count in
@@ -45,8 +45,6 @@ ROOT = Path(__file__).resolve().parents[2]
 WORKERS = ROOT / "tests" / "integration"
 WORKER = WORKERS / "_dpo_case_worker.py"
 
-NOT_LOGGED = {"num_tokens"}
-"""What TRL's DPOTrainer logs and a DPO job does not (yet)."""
 LOGRATIO = 1e-6
 """A reward is ``beta`` times a difference of two sequence log-probs, each an fp32 sum of up to hundreds of token
 log-probs that the two sides sum in other orders: near -230 one rounding step is 1.5e-5. The rewards, and the loss
@@ -229,13 +227,13 @@ def _kept(case: dict[str, Any]) -> int:
 
 
 def _same_steps(case: dict[str, Any], ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> None:
-    """Every name TRL logs (but ``NOT_LOGGED``) in every step, to 1e-5 absolute or relative; the loss and rewards
+    """Every name TRL logs in every step, to 1e-5 absolute or relative; the loss and rewards
     also to ``LOGRATIO`` of the beta-scaled log-probs they are differences of, grad_norm to 1e-3 relative."""
     assert len(ours) == len(theirs), (ours, theirs)
     dpo = case["dpo"]
     weights = sum(dpo.get("loss_weights") or [1.0] * len(dpo["loss_type"]))
     for mine, trl in zip(ours, theirs, strict=True):
-        names = set(trl) - HF_ONLY - NOT_LOGGED
+        names = set(trl) - HF_ONLY
         assert names <= set(mine), sorted(names - set(mine))
         rounding = LOGRATIO * dpo["beta"] * (abs(trl["logps/chosen"]) + abs(trl["logps/rejected"]))
         for name in sorted(names):
@@ -439,7 +437,7 @@ micro-batches as Accelerate does (``session.batches.Shards``)."""
 )  # fmt: skip
 def test_a_drawn_dpo_job_logs_trls_numbers(case: dict[str, Any], base: Path, tmp_path_factory: Any) -> None:
     """Every logged step of ``dsbuild train`` on a drawn DPO case carries every metric TRL's DPOTrainer logs on the
-    same case (but ``num_tokens``), to 1e-5 absolute or relative (``grad_norm`` to 1e-3 relative)."""
+    same case, to 1e-5 absolute or relative (``grad_norm`` to 1e-3 relative)."""
     assume(_kept(case) > 0)  # no pair left: both refuse to train (held by the data differential)
     tmp = tmp_path_factory.mktemp("case")
     ours = _ours(case, base, tmp)

@@ -51,7 +51,7 @@ def test_each_process_trains_on_the_hf_trainers_micro_batches(
 
 def test_a_training_loader_reads_the_shards_and_an_evaluation_loader_each_sample_in_order() -> None:
     """``Session.fit``'s loader deals the shuffled micro-batches by ``Shards`` (set_epoch reshuffles, as the position
-    sets it); ``evaluate``'s reads the samples in order, a contiguous share a rank."""
+    sets it); ``evaluate``'s reads the samples in order, every other one to a rank (2 processes)."""
     from dsbuild.session.batches import DataPosition, loader
 
     data = list(range(7))
