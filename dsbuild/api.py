@@ -144,11 +144,14 @@ class Config(ConfigBase):
 
         return explain(self)
 
-    def for_inference(self, offload: bool = False, *, hidden_size: int | None = None) -> Config:
+    def for_inference(
+        self, offload: bool = False, *, hidden_size: int | None = None, stage: int | None = None
+    ) -> Config:
         """The config of a DeepSpeed engine without an optimizer (an RL reference, reward or EMA model) made from this
         training config, for ``deepspeed.initialize(model=..., config=...)``.
 
-        - ZeRO stage 3 stays 3; stages 1 and 2 become 0: DeepSpeed asserts ``"zero stage {} requires an optimizer"``.
+        - ZeRO stage 3 stays 3; stages 1 and 2 become 0: DeepSpeed asserts ``"zero stage {} requires an optimizer"``;
+          ``stage`` (0 or 3) gives the engine its own (a reward model whole on each process, or partitioned).
         - ``offload=True`` sets ``zero_optimization.offload_param`` to ``{device: cpu, pin_memory: true}``; below
           stage 3 it raises ``InvalidValueError`` (DeepSpeed ignores it there).
         - ``hidden_size`` (the inference model's ``config.hidden_size``) fills the ``"auto"`` ZeRO buckets as the
@@ -161,4 +164,4 @@ class Config(ConfigBase):
         """
         from .resolve.inference import for_inference
 
-        return for_inference(self, offload, hidden_size=hidden_size)
+        return for_inference(self, offload, hidden_size=hidden_size, stage=stage)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
@@ -212,11 +212,13 @@ class Job:
             return []
         problems = grpo_batch_problems(sampling, self.training, world_size)
         found = [Diagnostic(p.path, "error", p.message, p.hint, "world size") for p in problems]
-        if self.rewards is not None and self.rewards.models and self.rewards.offload_models:
-            try:
-                self.config.for_inference(True)  # its refusal: offloading parameters needs ZeRO stage 3
+        rewards = self.rewards
+        if rewards is not None and rewards.models and (rewards.offload_models or rewards.zero_stage is not None):
+            try:  # its refusals: a stage an engine without an optimizer cannot have, offloading below stage 3
+                self.config.for_inference(rewards.offload_models, stage=rewards.zero_stage)
             except ConfigError as e:
-                found += [Diagnostic("rewards.offload_models", "error", p.message, p.hint) for p in e.problems]
+                found += [Diagnostic(_REWARD_KEYS.get(p.path, f"strategy.config.{p.path}"), "error", p.message, p.hint)
+                          for p in e.problems]  # fmt: skip
         return found
 
     def check(self, *, world_size: int | None = None) -> Job:
@@ -225,6 +227,11 @@ class Job:
         if errors:
             raise ConfigError([Problem(d.path, d.message, d.hint, needs=d.needs) for d in errors], source=self.source)
         return self
+
+
+_REWARD_KEYS: Final = {"zero_optimization.stage": "rewards.zero_stage",
+                        "zero_optimization.offload_param": "rewards.offload_models"}  # fmt: skip
+"""The ``[rewards]`` key behind each key ``for_inference`` refuses for a job's reward models."""
 
 
 def _config_path(path: str, overrides: Mapping[str, Any] | None = None) -> str:

@@ -451,6 +451,10 @@ class RewardsSpec:
     offload_models: bool = _key(False, _typed("bool"))
     """The reward models' parameters in CPU memory between uses (ZeRO stage 3 only: ``Config.for_inference(offload=
     True)``)."""
+    zero_stage: int | None = _key(None, _typed("int", ge=0, le=3))
+    """The reward models' own ZeRO stage (``Config.for_inference(stage=...)``): 0, a whole copy on every process (its
+    forward is not collective); 3, partitioned over the processes; default: the strategy's rule (3 stays 3, 0-2 run
+    at 0)."""
     weights: tuple[float, ...] | None = _key(
         None,
         schema={"type": "array", "items": {"type": "number"}, "minItems": 1},

@@ -9,7 +9,8 @@ on the ds_config as DeepSpeed reads it (``to_dict``), so each step reads like th
 - **ZeRO stage**: 3 stays 3 (DeepSpeed builds a ``DeepSpeedZeRoOffload``, which partitions the parameters without an
   optimizer); 1 and 2 become 0, because DeepSpeed asserts ``"zero stage {} requires an optimizer"``
   (``_configure_zero_optimizer`` in ``runtime/engine.py``); 0, or no stage, stays. ``"auto"`` is refused: the rule
-  needs the training stage.
+  needs the training stage. ``stage`` (0 or 3) sets the engine's own instead: a reward model kept whole on every
+  process beside a partitioned policy, or partitioned beside a policy trained at stage 0-2.
 - **offload** (``offload=True``): ``zero_optimization.offload_param`` becomes ``{device: cpu, pin_memory: true}``,
   as OpenRLHF writes for its reference and reward engines; refused below stage 3, where DeepSpeed ignores it.
   ``offload=False`` keeps the training config's ``offload_param`` as written.
@@ -214,17 +215,22 @@ def _check_arguments(offload: Any, hidden_size: Any) -> None:
         raise InvalidValueError(problems)
 
 
-def _offload_params(d: _Derivation, stage: int) -> None:
-    """``offload=True``: parameters to CPU, pinned; only at stage 3."""
-    if stage != 3:
+def _offload_params(d: _Derivation, training: int, stage: int | None) -> None:
+    """``offload=True``: parameters to CPU, pinned; only when the inference engine runs at stage 3."""
+    if stage is None and training != 3:
+        why = f"the training config has stage {training}, so the inference engine runs at stage 0"
+        fix = "train at ZeRO stage 3 to offload the inference model's parameters"
+    elif stage == 0:
+        why, fix = "the engine is given stage=0", "give it stage=3 to offload its parameters"
+    else:
+        why = ""
+    if why:
         raise InvalidValueError(
             Problem(
                 "zero_optimization.offload_param",
-                f"offload=True writes {{device: cpu, pin_memory: true}} here, which needs ZeRO stage 3; the training "
-                f"config has stage {stage}, so the inference engine runs at stage 0, where DeepSpeed ignores "
-                "offload_param",
-                "train at ZeRO stage 3 to offload the inference model's parameters, or call for_inference() "
-                "without offload",
+                f"offload=True writes {{device: cpu, pin_memory: true}} here, which needs ZeRO stage 3; {why}, where "
+                "DeepSpeed ignores offload_param",
+                f"{fix}, or call for_inference() without offload",
             )
         )
     d.data["zero_optimization"].pop("offload_param", None)  # replaced whole: an NVMe path or buffers would not fit
@@ -247,18 +253,36 @@ def _fill_from_model(d: _Derivation, inference_stage: int, hidden_size: int | No
                 d.write(fill.path, fact.value, fact.origin)
 
 
-def _derive(config: C, offload: bool, hidden_size: int | None) -> tuple[C, list[Explanation]]:
+def _inference_stage(training: int, stage: Any) -> int:
+    """The engine's ZeRO stage: ``stage`` when given (0 or 3), else the training stage's rule (3 stays, 0-2: 0)."""
+    if stage is None:
+        return 3 if training == 3 else 0
+    if isinstance(stage, bool) or stage not in (0, 3):
+        raise InvalidValueError(
+            Problem(
+                "zero_optimization.stage",
+                f"got {describe(stage)} for the engine without an optimizer, expected 0 or 3",
+                "0: a whole copy on every process; 3: partitioned over the processes (DeepSpeed asserts "
+                '"zero stage {1, 2} requires an optimizer")',
+            )
+        )
+    return int(stage)
+
+
+def _derive(config: C, offload: bool, hidden_size: int | None, stage: int | None) -> tuple[C, list[Explanation]]:
     """The inference config of ``config`` and what the rule removed from it."""
     _check_arguments(offload, hidden_size)
     d = _Derivation(config)
-    stage = _training_stage(config)
-    inference_stage = 3 if stage == 3 else 0
+    training = _training_stage(config)
+    inference_stage = _inference_stage(training, stage)
     for removal in REMOVED:
         d.remove(removal.path, removal.why)
-    if stage != inference_stage:
-        d.write("zero_optimization.stage", 0, f'DeepSpeed asserts "zero stage {stage} requires an optimizer"')
+    if stage is not None and stage != training:
+        d.write("zero_optimization.stage", inference_stage, f"the engine's own stage (stage={stage})")
+    elif training != inference_stage:
+        d.write("zero_optimization.stage", 0, f'DeepSpeed asserts "zero stage {training} requires an optimizer"')
     if offload:
-        _offload_params(d, stage)
+        _offload_params(d, training, stage)
     if d.get("compile.deepcompile") in (True, "auto"):
         d.write("compile.deepcompile", False, _DEEPCOMPILE)
     _fill_from_model(d, inference_stage, hidden_size)
@@ -268,22 +292,23 @@ def _derive(config: C, offload: bool, hidden_size: int | None) -> tuple[C, list[
     return attrs.evolve(inference, source=config.source, provenance={**kept, **d.origins}), d.removed
 
 
-def for_inference(config: C, offload: bool = False, *, hidden_size: int | None = None) -> C:
+def for_inference(config: C, offload: bool = False, *, hidden_size: int | None = None, stage: int | None = None) -> C:
     """The config of an engine without an optimizer (a reference, reward or EMA model) made from training ``config``.
 
-    ZeRO stage 3 stays 3 and stages 1-2 become 0 (DeepSpeed asserts ``"zero stage {} requires an optimizer"``);
+    ZeRO stage 3 stays 3 and stages 1-2 become 0 (DeepSpeed asserts ``"zero stage {} requires an optimizer"``), or
+    ``stage`` (0 or 3) when given;
     ``offload=True`` puts the parameters in pinned CPU memory (stage 3 only: ``InvalidValueError`` below it); the
     ``"auto"`` hidden-size buckets are filled from ``hidden_size`` (the inference model's ``config.hidden_size``);
     DeepCompile is turned off; the optimizer, the scheduler and what only an optimizer step reads (``REMOVED``) are
     removed; the precision, the batch sizes, AutoTP and ``gradient_clipping`` are kept. The module docstring gives
     each step's reason. Provenance says which keys the rule wrote (``explain``); ``source`` is kept.
     """
-    inference, _ = _derive(config, offload, hidden_size)
+    inference, _ = _derive(config, offload, hidden_size, stage)
     return inference
 
 
 def removed_by_for_inference(config: ConfigBase) -> list[Explanation]:
     """What ``for_inference`` removes from ``config``: one ``Explanation`` per key (``removed=True``), with the value it
     had and why, in the order the rule removes them."""
-    _, removed = _derive(config, False, None)
+    _, removed = _derive(config, False, None, None)
     return removed

@@ -71,17 +71,20 @@ def _conversational(prompt: Any) -> bool:
     return isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], Mapping) and "role" in prompt[0]
 
 
-def reward_model(policy: Policy, source: str | Path, *, offload: bool = False) -> RewardFunction:
+def reward_model(
+    policy: Policy, source: str | Path, *, offload: bool = False, stage: int | None = None
+) -> RewardFunction:
     """The reward model at ``source`` (a local folder or hub id with its tokenizer) beside ``policy``, as TRL loads and
     prepares it, named as TRL names it; a conversation is rendered by its tokenizer's chat template, else the fallback
-    template every task uses (``FALLBACK_CHAT_TEMPLATE``: TRL would fail). Collective: every rank builds it."""
+    template every task uses (``FALLBACK_CHAT_TEMPLATE``: TRL would fail). ``stage``: its engine's own ZeRO stage (0
+    or 3; default the policy's rule). Collective: every rank builds it."""
     from transformers import AutoConfig, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(source))
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     hidden = getattr(AutoConfig.from_pretrained(str(source)).get_text_config(), "hidden_size", None)
-    config = policy.config.for_inference(offload, hidden_size=hidden if isinstance(hidden, int) else None)
+    config = policy.config.for_inference(offload, hidden_size=hidden if isinstance(hidden, int) else None, stage=stage)
     engine = frozen_engine(policy, str(source), config, kind="AutoModelForSequenceClassification", num_labels=1)
     engine.module.config.get_text_config().pad_token_id = tokenizer.pad_token_id
     template = None if getattr(tokenizer, "chat_template", None) else FALLBACK_CHAT_TEMPLATE

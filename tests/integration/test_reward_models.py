@@ -1,7 +1,7 @@
 """A GRPO job's reward model scores as TRL 1.16's ``GRPOTrainer`` scores a model among its ``reward_funcs`` (issue
 42): held to TRL's own ``_calculate_rewards`` with the same model folder (an ``AutoModelForSequenceClassification``
-with one label and its tokenizer), on plain and conversational prompts, the reward model on its own ZeRO-3 inference
-engine beside a ZeRO-3 policy (1 process here; 2 processes in tests/integration/test_grpo_runs.py's job)."""
+with one label and its tokenizer), on plain and conversational prompts, the reward model on its own inference engine
+(ZeRO-3, or stage 0 as ``[rewards] zero_stage = 0`` gives it) beside a ZeRO-3 policy (1 process here; 2 processes in tests/integration/test_grpo_runs.py's job)."""
 
 from __future__ import annotations
 
@@ -77,11 +77,13 @@ def policy() -> Session:
     return Session.from_pretrained(tiny_llama(), Config.zero(3).adamw(lr=1e-3).batch(micro=2))
 
 
-@pytest.fixture(scope="module")
-def scored(policy: Session, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+@pytest.fixture(scope="module", params=[None, 0], ids=["the policy's stage", "zero_stage 0"])
+def scored(policy: Session, tmp_path_factory: pytest.TempPathFactory, request: Any) -> tuple[Path, Any]:
+    """The reward model on an engine of the policy's stage (3), or of its own (``[rewards] zero_stage = 0``: whole)."""
     folder = save_reward_model(tmp_path_factory.mktemp("rm") / "rm")
-    name, model = reward_model(policy, folder)
+    name, model = reward_model(policy, folder, stage=request.param)
     assert name == "rm"  # TRL's name: the model id's last part (rewards/rm/mean)
+    assert model.engine.zero_optimization_stage() == (3 if request.param is None else request.param)
     return folder, model
 
 
@@ -94,7 +96,7 @@ PROMPT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_s
 @given(pairs=st.lists(st.tuples(PROMPT, TEXT), min_size=1, max_size=5), chat=st.booleans())
 def test_a_reward_model_scores_as_trl(scored: tuple[Path, Any], pairs: list[tuple[str, str]], chat: bool) -> None:
     """Prompts and completions of any text and ragged lengths (empty ones too), plain or as conversations: the
-    rewards of the ZeRO-3 reward model equal TRL's with the same folder to 1e-5."""
+    rewards of the reward model, partitioned (ZeRO-3) or whole (stage 0), equal TRL's with the same folder to 1e-5."""
     folder, model = scored
     if chat:
         prompts: list[Any] = [[{"role": "user", "content": p}] for p, _ in pairs]

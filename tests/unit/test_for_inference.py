@@ -92,6 +92,44 @@ def test_a_stage_left_auto_is_refused() -> None:
     )
 
 
+@pytest.mark.parametrize(("training", "stage"), [(3, 0), (None, 3), (1, 3), (2, 0), (3, 3), (0, 0)])
+def test_the_engine_may_have_a_stage_of_its_own(training: int | None, stage: int) -> None:
+    """``stage=0`` keeps a whole copy on every process beside a partitioned policy, ``stage=3`` partitions it beside
+    a policy at 0-2 (a reward model's ``[rewards] zero_stage``); explain says so where it changed the stage, and the
+    result still passes the checks for DeepSpeed."""
+    inference = training_config(training).for_inference(hidden_size=64, stage=stage)
+    data = inference.to_dict()
+    assert data["zero_optimization"]["stage"] == stage
+    origins = {e.path: e.origin for e in inference.explain()}
+    if (training or 0) != stage:
+        assert origins["zero_optimization.stage"] == f"for_inference: the engine's own stage (stage={stage})"
+    resolved = inference.resolve(training=Training())
+    assert [d for d in resolved.validate(target="deepspeed", resolved=True) if d.severity == "error"] == []
+    whole = Config.preset("hf_zero3").for_inference(hidden_size=64, stage=0).resolve(training=Training())
+    assert [d for d in whole.validate(target="deepspeed", resolved=True) if d.severity == "error"] == []
+
+
+@pytest.mark.parametrize("stage", [1, 2, True, "3"])
+def test_an_engine_stage_other_than_0_or_3_is_refused(stage: Any) -> None:
+    """DeepSpeed builds an engine without an optimizer at stage 0 or 3 only: another ``stage`` names the key."""
+    with pytest.raises(InvalidValueError) as caught:
+        training_config(3).for_inference(stage=stage)
+    assert str(caught.value).startswith(
+        f"zero_optimization.stage: got {'true' if stage is True else repr(stage)} for the engine without an "
+        "optimizer, expected 0 or 3"
+    )
+
+
+def test_offload_follows_the_engines_own_stage() -> None:
+    """``offload=True`` needs the engine at stage 3: given ``stage=3`` beside a stage-2 policy it offloads; given
+    ``stage=0`` beside a stage-3 one it is refused, saying why."""
+    offloaded = training_config(2).for_inference(True, stage=3).to_dict()["zero_optimization"]["offload_param"]
+    assert offloaded == {"device": "cpu", "pin_memory": True}
+    with pytest.raises(InvalidValueError) as caught:
+        training_config(3).for_inference(True, stage=0)
+    assert "the engine is given stage=0" in str(caught.value)
+
+
 # -- offload --------------------------------------------------------------------------------------------------------
 
 

@@ -407,3 +407,15 @@ def test_reward_model_mistakes_are_named_by_their_keys(tmp_path: Path) -> None:
     job = load_job(path, {"rewards.models": ["rm"], "rewards.offload_models": True, "strategy.config": "zero2"})
     assert [(d.path, d.severity) for d in job.validate()] == [("rewards.offload_models", "error")]
     assert load_job(path, {"rewards.models": ["rm"], "rewards.offload_models": True}).validate() == []
+    # The reward models' own stage: 3 beside a ZeRO-2 policy offloads; 0 beside a ZeRO-3 one cannot; 1, 2 or 5 never.
+    zero2 = {"rewards.models": ["rm"], "rewards.offload_models": True, "strategy.config": "zero2"}
+    assert load_job(path, {**zero2, "rewards.zero_stage": 3}).validate() == []
+    job = load_job(path, {"rewards.models": ["rm"], "rewards.offload_models": True, "rewards.zero_stage": 0})
+    assert [(d.path, d.severity) for d in job.validate()] == [("rewards.offload_models", "error")]
+    job = load_job(path, {"rewards.models": ["rm"], "rewards.zero_stage": 2})
+    assert [(d.path, d.message) for d in job.validate()] == [
+        ("rewards.zero_stage", "got 2 for the engine without an optimizer, expected 0 or 3")
+    ]
+    assert _problems(path, **{"rewards.models": ["rm"], "rewards.zero_stage": 5}) == [
+        "rewards.zero_stage: got 5, expected an integer >= 0 and <= 3"
+    ]

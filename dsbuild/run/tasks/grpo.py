@@ -94,7 +94,9 @@ class GRPO:
         loader: DataLoader[Any] = DataLoader(ready.train, batch_size=sampler.batch_size,
                                              sampler=sampler, collate_fn=list)  # fmt: skip
         # The reward models first: under ZeRO-3 their forward is collective, and no function can have failed before.
-        models = [reward_model(session, path, offload=job.rewards.offload_models) for path in job.rewards.models]
+        rewards = job.rewards
+        models = [reward_model(session, path, offload=rewards.offload_models, stage=rewards.zero_stage)
+                  for path in rewards.models]  # fmt: skip
         steps = self.steps()(session, spec, [*models, *functions["rewards"]], weights=job.rewards.weights,
                           reference=reference, rollout=next(iter(functions["rollout"]), None),
                           weight_sink=next(iter(functions["weight_sink"]), None))  # fmt: skip
