@@ -10,7 +10,7 @@ its chat template, the prompt with the generation prompt) and the completion sta
 whose prompt alone fills ``max_length`` is left out. Then the KL completions (``kl_completions``): in consecutive
 chunks of ``per_device_train_batch_size`` records, each record takes the completion of the one before it (the first
 the chunk's last), the mismatched pairs TRL's KL estimate scores; the chunks are the micro-batches a KTO job trains on,
-in order (``sequential_batches``), as TRL trains KTO with ``train_sampling_strategy = "sequential"``.
+in order (``session.batches.Shards`` unshuffled), as TRL trains KTO with ``train_sampling_strategy = "sequential"``.
 
 Collating (``collate_unpaired``, TRL's ``DataCollatorForUnpairedPreference``): ``input_ids``, ``attention_mask`` and
 ``completion_mask`` of ``prompt + completion``, and the same with a ``KL_`` prefix of ``prompt + KL completion``,
@@ -35,7 +35,6 @@ __all__ = [
     "load_kto_data",
     "load_unpaired",
     "read_unpaired",
-    "sequential_batches",
     "tokenize_unpaired",
 ]
 
@@ -154,15 +153,6 @@ def load_kto_data(job: Any, tokenizer: Any) -> tuple[list[dict[str, Any]], list[
     train = loaded(data.path, "data.path", "training")
     evaluation = loaded(data.eval_path, "data.eval_path", "evaluation") if data.eval_path is not None else None
     return train, evaluation, "; ".join(notes)
-
-
-def sequential_batches(count: int, batch_size: int, world_size: int, rank: int) -> list[list[int]]:
-    """This rank's micro-batches of ``count`` samples taken in order: consecutive chunks of ``batch_size``, dealt to
-    the ranks in turn (chunk ``k`` to rank ``k mod world_size``, as Accelerate shards a sequential sampler's
-    batches); a last round that would not give every rank a chunk is left out, so the ranks step together."""
-    chunks = [list(range(s, min(s + batch_size, count))) for s in range(0, count, batch_size)]
-    whole = len(chunks) - len(chunks) % world_size
-    return chunks[rank:whole:world_size]
 
 
 def collate_unpaired(

@@ -80,7 +80,8 @@ def _token_metrics(policy: Any, batch: Mapping[str, Any], mask: torch.Tensor, st
         return {}
     entropy, mean, top = laid_out
     top1 = top == ids.to(top.device)
-    sums = token_sums(entropy, mean, top1, mask.to(entropy.device))
+    weight = float(policy.position.gathered)  # TRL's gather_for_metrics leaves an uneven epoch end's filler out
+    sums = [value * weight for value in token_sums(entropy, mean, top1, mask.to(entropy.device))]
     return token_metrics(distributed.all_sum(sums, policy.engine.device))
 
 

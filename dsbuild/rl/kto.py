@@ -162,6 +162,7 @@ def kto_loss_fn(policy: Any, reference: Any, spec: KTOSpec | None = None) -> Cal
 
     def loss_fn(_engine: Any, batch: Mapping[str, Any]) -> dict[str, Any]:
         device = policy.engine.device
+        weight = float(policy.position.gathered)  # 0: this micro-batch is left out of what TRL gathers
         kl = None
         if spec.loss_type == "kto":
             rows = {"input_ids": batch["KL_input_ids"], "attention_mask": batch["KL_attention_mask"]}
@@ -170,8 +171,9 @@ def kto_loss_fn(policy: Any, reference: Any, spec: KTOSpec | None = None) -> Cal
                 mine = policy.logprobs(rows, completion_mask=mask).sum(dim=1)
             theirs = reference.logprobs(rows, completion_mask=mask).sum(dim=1)
             local = kto_kl(mine, theirs.to(mine))
-            kl = torch.tensor(distributed.all_sum([float(local)], device)[0] / policy.world_size, device=device)
-            kl = kl.to(local).clamp(min=0)
+            # TRL's gather_for_metrics(kl).mean(): over the processes whose micro-batch is not an uneven end's filler
+            total, kept = distributed.all_sum([float(local) * weight, weight], device)
+            kl = torch.tensor(total / kept, device=device).to(local).clamp(min=0)
         mask = batch["completion_mask"]
         with logits_read(policy) as stats:
             tokens = policy.logprobs(batch, completion_mask=mask)
@@ -183,7 +185,7 @@ def kto_loss_fn(policy: Any, reference: Any, spec: KTOSpec | None = None) -> Cal
         laid_out = by_token(stats, tokens.shape[0])
         if laid_out is not None:
             sums += kto_token_sums(laid_out[0], laid_out[1], labels, mask.to(laid_out[0].device))
-        summed = distributed.all_sum(sums, device)
+        summed = distributed.all_sum([value * weight for value in sums], device)
         metrics = kto_metrics(summed[: len(KTO_SUMS)], float(out.kl))
         if laid_out is not None:
             metrics |= _token_metrics(summed[len(KTO_SUMS) :])

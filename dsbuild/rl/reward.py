@@ -6,8 +6,8 @@ one-number head (``AutoModelForSequenceClassification``, ``num_labels=1``: the s
 not padding). The loss is Bradley–Terry's, ``-log σ(r_chosen - r_rejected - margin)`` averaged over the pairs (the
 ``margin`` column when the batch has one), plus ``center_rewards_coefficient · mean((r_chosen + r_rejected)²)`` when
 set. Beside it, TRL's metrics: ``accuracy`` (chosen scored above rejected) and ``margin`` (the mean of
-``r_chosen - r_rejected``) of this process, which ``fit`` averages over the step's micro-batches and processes as TRL
-gathers them, and ``min_reward`` / ``mean_reward`` / ``max_reward`` of every process's rewards together (collective:
+``r_chosen - r_rejected``), each the mean over the processes as TRL's ``gather_for_metrics`` takes it (an uneven
+epoch end's filler left out), which ``fit`` averages over the step's micro-batches, and ``min_reward`` / ``mean_reward`` / ``max_reward`` of every process's rewards together (collective:
 one all-reduce each, as TRL's gather). ``evaluate`` logs them as ``eval_*``. TRL's ``num_tokens`` (its running count
 of trained tokens) is ``fit``'s, as for every task.
 """
@@ -49,26 +49,36 @@ def _across(values: torch.Tensor, op: Any) -> float:
     return float(values)
 
 
-def reward_metrics(rewards: torch.Tensor, chosen: torch.Tensor, rejected: torch.Tensor) -> dict[str, float]:
-    """TRL's metrics of a micro-batch (module docstring); the reward extremes and mean over every process."""
+def reward_metrics(
+    rewards: torch.Tensor, chosen: torch.Tensor, rejected: torch.Tensor, gathered: bool = True
+) -> dict[str, float]:
+    """TRL's metrics of a micro-batch (module docstring); the reward extremes and mean over every process; accuracy
+    and margin the mean of every ``gathered`` process's (TRL's ``gather_for_metrics``: not an uneven end's filler)."""
     with torch.no_grad():
         rewards = rewards.detach().float()
-        count = torch.tensor([rewards.numel(), rewards.sum()], dtype=torch.float64, device=rewards.device)
+        weight = float(gathered)
+        accuracy = float((chosen > rejected).float().mean()) * weight
+        margin = float((chosen - rejected).float().mean()) * weight
+        count = torch.tensor([rewards.numel(), rewards.sum(), accuracy, margin, weight], dtype=torch.float64,
+                             device=rewards.device)  # fmt: skip
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(count, op=dist.ReduceOp.SUM)
         return {
-            "accuracy": float((chosen > rejected).float().mean()),
-            "margin": float((chosen - rejected).float().mean()),
+            "accuracy": float(count[2] / count[4]),
+            "margin": float(count[3] / count[4]),
             "min_reward": _across(rewards.min(), dist.ReduceOp.MIN),
             "mean_reward": float(count[1] / count[0]),
             "max_reward": _across(rewards.max(), dist.ReduceOp.MAX),
         }
 
 
-def reward_loss_fn(spec: RewardSpec | None = None) -> Callable[[Any, Mapping[str, Any]], dict[str, Any]]:
+def reward_loss_fn(
+    spec: RewardSpec | None = None, session: Any = None
+) -> Callable[[Any, Mapping[str, Any]], dict[str, Any]]:
     """``loss_fn(engine, batch)`` of reward modelling with ``spec``'s options (TRL's defaults when ``None``): the
     engine's forward on the batch's ``input_ids`` and ``attention_mask``, the loss and TRL's metrics (module
-    docstring). Collective in its metrics: every process calls it once a micro-batch."""
+    docstring; ``session``: the one whose ``fit`` says which micro-batches TRL gathers). Collective in its metrics:
+    every process calls it once a micro-batch."""
     spec = spec or RewardSpec()
 
     def loss_fn(engine: Any, batch: Mapping[str, Any]) -> dict[str, Any]:
@@ -76,6 +86,7 @@ def reward_loss_fn(spec: RewardSpec | None = None) -> Callable[[Any, Mapping[str
         rewards = logits.squeeze(-1)
         chosen, rejected = torch.chunk(rewards, chunks=2)
         loss = reward_loss(chosen, rejected, batch.get("margin"), spec.center_rewards_coefficient)
-        return {"loss": loss, **reward_metrics(logits, chosen, rejected)}
+        gathered = session is None or session.position.gathered
+        return {"loss": loss, **reward_metrics(logits, chosen, rejected, gathered)}
 
     return loss_fn

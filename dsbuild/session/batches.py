@@ -72,14 +72,25 @@ def loader(
 
 class Shards(Sampler[list[int]]):
     """This rank's micro-batches of an epoch, as the HF Trainer's data loader under Accelerate gives them: the epoch's
-    order (``randperm`` seeded with ``seed + epoch``, Accelerate's ``SeedableRandomSampler``) cut into micro-batches,
+    order (``randperm`` seeded with ``seed + epoch``, Accelerate's ``SeedableRandomSampler``; without ``shuffle`` the
+    samples in order, a ``SequentialSampler``'s: KTO's chunks) cut into micro-batches,
     the k-th to rank ``k mod world_size`` (``BatchSamplerShard``). Without ``drop_last`` the last round is filled
     with the epoch's first samples so every rank gets as many full micro-batches (``even_batches``); with it only
     the rounds of full micro-batches are kept. One process reads the order in micro-batches, the last one short."""
 
-    def __init__(self, samples: int, batch_size: int, *, world_size: int, rank: int, seed: int, drop_last: bool):
+    def __init__(
+        self,
+        samples: int,
+        batch_size: int,
+        *,
+        world_size: int,
+        rank: int,
+        seed: int = 0,
+        drop_last: bool = False,
+        shuffle: bool = True,
+    ):
         self.samples, self.batch_size, self.world_size, self.rank = samples, batch_size, world_size, rank
-        self.seed, self.drop_last = seed, drop_last
+        self.seed, self.drop_last, self.shuffle = seed, drop_last, shuffle
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -90,6 +101,8 @@ class Shards(Sampler[list[int]]):
         generator = torch.Generator()
         generator.manual_seed(self.seed + self.epoch)
         order: list[int] = torch.randperm(self.samples, generator=generator).tolist()
+        if not self.shuffle:
+            order = list(range(self.samples))
         size, ranks = self.batch_size, self.world_size
         if self.drop_last:
             full = len(order) // size
@@ -131,6 +144,10 @@ class DataPosition:
     tokens: int = 0
     """The tokens trained on so far, every process's (the batches' attention masks, as TRL's trainers count their
     ``num_tokens``), saved and restored with the position."""
+    gathered: bool = True
+    """Whether the micro-batch ``fit`` trains now counts in what TRL's trainers gather for their metrics
+    (``Shards.gathered``: not this rank's filler at an uneven epoch end); a task's ``loss_fn`` weighs its gathered
+    numbers by it. Not saved: ``fit`` sets it for each micro-batch, and it is true outside one."""
 
     def iterator(self, loader: Any) -> Any:
         """An iterator over the current epoch, past the micro-batches already consumed."""

@@ -447,8 +447,12 @@ def optimizer_step(
         samples, tokens = counts(batch)
         if isinstance(loader, parallel.SequenceShards):  # a group's shards are one micro-batch: count it once
             samples = loader.samples if loader.first else 0
-        counted = tokens if batches.gathered(loader, session.position.batch_in_epoch) else 0
-        out = session._engine.micro_step(batch, loss_fn, num_items, i == len(group) - 1, len(group))
+        session.position.gathered = batches.gathered(loader, session.position.batch_in_epoch)
+        counted = tokens if session.position.gathered else 0
+        try:
+            out = session._engine.micro_step(batch, loss_fn, num_items, i == len(group) - 1, len(group))
+        finally:
+            session.position.gathered = True
         session.position.batch_in_epoch += 1
         window = [window[0] + out.loss, window[1] + samples, window[2] + tokens, window[3] + counted]
         metrics = {name: metrics.get(name, 0.0) + value for name, value in out.metrics.items()}

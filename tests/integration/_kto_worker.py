@@ -1,12 +1,12 @@
 """TRL's side of test_kto_trl.py's differential, in a process of its own:
 
     python _kto_worker.py BASE RECORDS OUT --ds-config C [--loss-type L] [--beta B] [--desirable W] [--undesirable W]
-        [--template T]
+        [--template T] [--micro M] [--accumulation A]    (under torchrun for several processes)
 
 TRL 1.16's ``KTOTrainer`` on DeepSpeed with the config a ``dsbuild train`` of the same job resolved (``C``), the model
 and its reference given as the folder ``BASE``, the byte tokenizer (with the chat template ``T`` when given), the
-unpaired records of ``RECORDS`` (JSON Lines): 3 steps of 2 records × 2 accumulation in order (KTO's sequential
-sampling), fp32, lr 1e-3. Writes ``OUT/result.json`` (the step records as TRL logs them) and ``OUT/weights.pt``
+unpaired records of ``RECORDS`` (JSON Lines): 3 steps of 2 records × 2 accumulation (or ``M`` × ``A`` a process) in
+order (KTO's sequential sampling), fp32, lr 1e-3. Writes ``OUT/result.json`` (the step records as TRL logs them) and ``OUT/weights.pt``
 (every weight after the last step, gathered).
 """
 
@@ -38,6 +38,8 @@ def main() -> None:
     parser.add_argument("--desirable", type=float, default=1.0)
     parser.add_argument("--undesirable", type=float, default=1.0)
     parser.add_argument("--template", default=None, help="the tokenizer's chat template")
+    parser.add_argument("--micro", type=int, default=MICRO)
+    parser.add_argument("--accumulation", type=int, default=ACCUMULATION)
     args = parser.parse_args()
 
     import deepspeed
@@ -49,12 +51,15 @@ def main() -> None:
         os.environ.setdefault(key, value)
     os.environ.setdefault("MASTER_PORT", str(free_port()))
     config = KTOConfig(
-        output_dir=str(args.out / "trl"), deepspeed=str(args.ds_config), per_device_train_batch_size=MICRO,
-        gradient_accumulation_steps=ACCUMULATION, learning_rate=LR, weight_decay=0.0, lr_scheduler_type="constant",
+        output_dir=str(args.out / "trl"), deepspeed=str(args.ds_config), per_device_train_batch_size=args.micro,
+        gradient_accumulation_steps=args.accumulation, learning_rate=LR, weight_decay=0.0, lr_scheduler_type="constant",
         max_steps=STEPS, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, seed=0, bf16=False,
         gradient_checkpointing=False, loss_type=args.loss_type, beta=args.beta, desirable_weight=args.desirable,
         undesirable_weight=args.undesirable,
     )  # fmt: skip
+    # Accelerate (use_cpu: MULTI_CPU) has made the process group; DeepSpeed's own view of it is made when the trainer
+    # starts its engine, after the model is loaded inside zero.Init, whose config would otherwise see 1 process.
+    deepspeed.init_distributed(dist_backend="gloo")
     tokenizer = ByT5Tokenizer()
     if args.template is not None:
         tokenizer.chat_template = args.template
@@ -66,9 +71,10 @@ def main() -> None:
     params = dict(trainer.model.named_parameters())
     with deepspeed.zero.GatheredParameters(list(params.values())):
         weights = {k: v.detach().float().cpu().clone() for k, v in params.items()}
-    args.out.mkdir(parents=True, exist_ok=True)
-    torch.save(weights, args.out / "weights.pt")
-    (args.out / "result.json").write_text(json.dumps({"records": [h for h in history if "loss" in h]}))
+    if os.environ["RANK"] == "0":
+        args.out.mkdir(parents=True, exist_ok=True)
+        torch.save(weights, args.out / "weights.pt")
+        (args.out / "result.json").write_text(json.dumps({"records": [h for h in history if "loss" in h]}))
 
     from dsbuild.session import distributed
 

@@ -3,7 +3,9 @@ trainer on real DeepSpeed ZeRO-3 with the config the job resolved (``_kto_worker
 the same tiny Llama folder as policy and reference, the same ragged unpaired records (desirable and undesirable
 alternating, so every micro-batch holds both), 3 optimizer steps of 2 records × accumulation 2 in order (KTO's
 sequential sampling, the KL pairs rotated within each micro-batch), fp32, lr 1e-3. Standard records with ``kto``'s KL
-estimate, beta and both weights set; conversational records with ``apo_zero_unpaired`` and a chat template.
+estimate, beta and both weights set; conversational records with ``apo_zero_unpaired`` and a chat template; and 9
+records on 2 processes × 2 against TRL under torchrun (an uneven end: Accelerate's filler, left out of what TRL
+gathers).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ format = "unpaired"
 [training]
 output_dir = "{out}"
 per_device_train_batch_size = 2
-gradient_accumulation_steps = 2
+gradient_accumulation_steps = {accumulation}
 learning_rate = 1e-3
 weight_decay = 0.0
 lr_scheduler_type = "constant"
@@ -54,6 +56,8 @@ seed = 0
 [strategy]
 name = "deepspeed_train"
 config = "zero3"
+[launch]
+nproc_per_node = {processes}
 """
 
 
@@ -68,13 +72,18 @@ def _check(done: subprocess.CompletedProcess[str]) -> None:
     assert done.returncode == 0, done.stderr[-5000:]
 
 
-def _job(tmp: Path, name: str, base: Path, records: Path, *, data: str = "", kto: str = "") -> dict[str, Any]:
-    """``dsbuild train`` on a KTO job: its step records and its saved model's weights."""
+def _job(
+    tmp: Path, name: str, base: Path, records: Path, *, data: str = "", kto: str = "", processes: int = 1
+) -> dict[str, Any]:
+    """``dsbuild train`` on a KTO job (2 records a micro-batch: × 2 accumulation on 1 process, × 1 on several): its
+    step records and its saved model's weights."""
     from transformers import AutoModelForCausalLM
 
     out = tmp / name
     job = tmp / f"{name}.toml"
-    job.write_text(JOB.format(base=base, records=records, out=out, data=data, kto=kto))
+    accumulation = 2 if processes == 1 else 1
+    job.write_text(JOB.format(base=base, records=records, out=out, data=data, kto=kto, processes=processes,
+                              accumulation=accumulation))  # fmt: skip
     _check(subprocess.run([sys.executable, "-m", "dsbuild", "train", str(job)], capture_output=True, text=True,
                           env=_env(), cwd=tmp, timeout=600))  # fmt: skip
     records_ = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
@@ -83,9 +92,18 @@ def _job(tmp: Path, name: str, base: Path, records: Path, *, data: str = "", kto
             "weights": {k: v.detach() for k, v in model.named_parameters()}}  # fmt: skip
 
 
-def _trl(tmp: Path, name: str, base: Path, records: Path, ds_config: Path, *more: str) -> dict[str, Any]:
+def _trl(
+    tmp: Path, name: str, base: Path, records: Path, ds_config: Path, *more: str, processes: int = 1
+) -> dict[str, Any]:
+    from dsbuild.session.distributed import free_port
+
     out = tmp / name
-    _check(subprocess.run([sys.executable, str(WORKER), str(base), str(records), str(out), "--ds-config",
+    launcher = [sys.executable]
+    if processes > 1:
+        launcher += ["-m", "torch.distributed.run", "--nproc_per_node", str(processes), "--master_port",
+                     str(free_port())]  # fmt: skip
+        more = (*more, "--accumulation", "1")
+    _check(subprocess.run([*launcher, str(WORKER), str(base), str(records), str(out), "--ds-config",
                            str(ds_config), *more], capture_output=True, text=True, env=_env(), cwd=ROOT,
                           timeout=600))  # fmt: skip
     result = json.loads((out / "result.json").read_text())
@@ -131,13 +149,21 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                      kto='loss_type = "apo_zero_unpaired"')  # fmt: skip
     chat_theirs = _trl(tmp, "chat_trl", base, chat, chat_ours["out"] / "ds_config.json", "--loss-type",
                        "apo_zero_unpaired", "--template", TEMPLATE)  # fmt: skip
-    return {"one": ours, "trl": theirs, "chat": chat_ours, "chat_trl": chat_theirs}
+    # 9 records on 2 processes x 2: the last round's chunks are [8] and a filler of the first records (Accelerate's
+    # even_batches), which TRL's gather_for_metrics leaves out of the KL estimate and the metrics (9 mod 4 = 1)
+    nine = tmp / "nine.jsonl"
+    nine.write_text("".join(standard.read_text().splitlines(keepends=True)[:9]))
+    two = _job(tmp, "two", base, nine, kto="beta = 0.2", processes=2)
+    two_trl = _trl(tmp, "two_trl", base, nine, two["out"] / "ds_config.json", "--beta", "0.2", processes=2)
+    return {"one": ours, "trl": theirs, "chat": chat_ours, "chat_trl": chat_theirs, "two": two, "two_trl": two_trl}
 
 
 def _same(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> None:
+    """Each step's ``METRICS`` to 1e-5, and the same left out (TRL logs nothing of a side no gathered row has)."""
     assert len(ours) == len(theirs) == 3
     for mine, other in zip(ours, theirs, strict=True):
-        for name in METRICS:
+        assert [n for n in METRICS if n in mine] == [n for n in METRICS if n in other], (mine, other)
+        for name in (n for n in METRICS if n in other):
             assert mine[name] == pytest.approx(other[name], abs=1e-5), (name, mine, other)
 
 
@@ -162,4 +188,15 @@ def test_conversational_records_train_as_trls_apo_zero_unpaired(runs: dict[str, 
     ours, theirs = runs["chat"], runs["chat_trl"]
     _same(ours["records"], theirs["records"])
     assert all(r["kl"] == 0.0 for r in ours["records"])
+    _close_weights(ours["weights"], theirs["weights"])
+
+
+def test_a_kto_job_on_two_processes_trains_as_trls_on_two(runs: dict[str, Any]) -> None:
+    """9 records on 2 processes x 2 (one step of 2 chunks each time, the last round's second chunk a filler of the
+    first records, as Accelerate deals an uneven end): TRL's KTOTrainer under torchrun logs the same numbers per step
+    to 1e-5, the KL estimate and the metrics of the last step leaving the filler out as its gather_for_metrics does,
+    and ends at the same weights."""
+    ours, theirs = runs["two"], runs["two_trl"]
+    _same(ours["records"], theirs["records"])
+    assert "logits/rejected" not in ours["records"][-1]  # only [8] gathered: a desirable row, no rejected side
     _close_weights(ours["weights"], theirs["weights"])

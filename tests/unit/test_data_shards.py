@@ -4,6 +4,8 @@ against Accelerate's own classes on drawn shapes; and the step count the schedul
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -11,11 +13,15 @@ from hypothesis import strategies as st
 accelerate_data_loader = pytest.importorskip("accelerate.data_loader", reason="Accelerate is not installed")
 
 
-def _accelerates(samples: int, batch: int, world: int, rank: int, seed: int, epoch: int, drop_last: bool) -> list:
-    from torch.utils.data import BatchSampler
+def _accelerates(
+    samples: int, batch: int, world: int, rank: int, seed: int, epoch: int, drop_last: bool, shuffle: bool
+) -> list:
+    from torch.utils.data import BatchSampler, SequentialSampler
 
-    sampler = accelerate_data_loader.SeedableRandomSampler(range(samples), data_seed=seed)
-    sampler.set_epoch(epoch)
+    sampler: Any = SequentialSampler(range(samples))
+    if shuffle:
+        sampler = accelerate_data_loader.SeedableRandomSampler(range(samples), data_seed=seed)
+        sampler.set_epoch(epoch)
     batches = BatchSampler(sampler, batch, drop_last)
     if world == 1:  # Accelerate does not shard one process's loader
         return list(batches)
@@ -29,23 +35,25 @@ def _accelerates(samples: int, batch: int, world: int, rank: int, seed: int, epo
     seed=st.integers(0, 2**31),
     epoch=st.integers(0, 3),
     drop_last=st.booleans(),
+    shuffle=st.booleans(),
 )
 @settings(max_examples=300, deadline=None)
-@example(samples=3, batch=3, world=2, seed=0, epoch=0, drop_last=False)  # 3 pairs, 2 processes x 3 (DPO's UNEVEN)
-@example(samples=5, batch=3, world=2, seed=0, epoch=1, drop_last=True)  # DistributedSampler's count: 1 step, HF's 0
+@example(samples=3, batch=3, world=2, seed=0, epoch=0, drop_last=False, shuffle=True)  # DPO's UNEVEN: 3 pairs, 2 x 3
+@example(samples=5, batch=3, world=2, seed=0, epoch=1, drop_last=True, shuffle=True)  # DistributedSampler: 1 step, HF 0
 def test_each_process_trains_on_the_hf_trainers_micro_batches(
-    samples: int, batch: int, world: int, seed: int, epoch: int, drop_last: bool
+    samples: int, batch: int, world: int, seed: int, epoch: int, drop_last: bool, shuffle: bool
 ) -> None:
-    """``Shards`` gives every rank the micro-batches Accelerate gives the HF Trainer's loader on that rank, in order,
-    and the schedule counts as many (``micro_batches``, what a job's step count is made of)."""
+    """``Shards`` gives every rank the micro-batches Accelerate gives the HF Trainer's loader on that rank, in order
+    (shuffled, or in order as KTO's sequential sampler), and the schedule counts as many (``micro_batches``, what a
+    job's step count is made of)."""
     from dsbuild.resolve.schedule import micro_batches
     from dsbuild.session.batches import Shards
 
     for rank in range(world):
-        shards = Shards(samples, batch, world_size=world, rank=rank, seed=seed, drop_last=drop_last)
+        shards = Shards(samples, batch, world_size=world, rank=rank, seed=seed, drop_last=drop_last, shuffle=shuffle)
         shards.set_epoch(epoch)
         ours = list(shards)
-        assert ours == _accelerates(samples, batch, world, rank, seed, epoch, drop_last)
+        assert ours == _accelerates(samples, batch, world, rank, seed, epoch, drop_last, shuffle)
         assert len(shards) == len(ours) == micro_batches(samples, world, batch, drop_last=drop_last)
 
 

@@ -95,6 +95,7 @@ def _ours(case: dict[str, Any], model: Any) -> dict[str, Any]:
     policy = SimpleNamespace(
         engine=SimpleNamespace(module=model, device=torch.device("cpu")),
         logprobs=lambda batch, completion_mask: token_logps(model, batch, completion_mask=completion_mask, grad=True),
+        position=SimpleNamespace(gathered=True),  # a micro-batch TRL gathers (fit's flag)
     )
     batch = {k: v for k, v in case.items() if k != "spec"}
     return dpo_loss_fn(policy, None, case["spec"])(None, batch)

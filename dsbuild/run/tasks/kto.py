@@ -1,7 +1,8 @@
 """``task = "kto"``: completions labelled desirable or not, as TRL 1.16's ``KTOTrainer`` prepares and scores them
 (``data.unpaired``), against a frozen reference built beside the policy (``[reference]``), with ``[kto]``'s loss
 (``dsbuild.rl.kto``). The micro-batches are the records in order, each a chunk whose completions its KL pairs
-rotate (TRL's ``train_sampling_strategy = "sequential"``), dealt to the processes in turn."""
+rotate (TRL's ``train_sampling_strategy = "sequential"``), dealt to the processes in turn as Accelerate deals them
+(``session.batches.Shards``, unshuffled: the last round filled with the first chunks)."""
 
 from __future__ import annotations
 
@@ -36,8 +37,8 @@ class KTO:
         """KTO's ``loss_fn``, its reference built beside the policy, and the records in sequential micro-batches."""
         from torch.utils.data import DataLoader
 
-        from ...data.unpaired import sequential_batches
         from ...rl.kto import kto_loss_fn
+        from ...session.batches import Shards
         from . import Parts
 
         assert job.reference is not None and job.kto is not None
@@ -45,7 +46,8 @@ class KTO:
         reference = session.reference(
             job.reference.path, offload=job.reference.offload, disable_dropout=job.kto.disable_dropout
         )
-        batches = sequential_batches(len(ready.train), session.micro_batch_size, session.world_size, session.rank)
+        batches = Shards(len(ready.train), session.micro_batch_size, world_size=session.world_size, rank=session.rank,
+                         shuffle=False)  # fmt: skip
         loader = DataLoader(ready.train, batch_sampler=batches, collate_fn=ready.collate_fn)
         return Parts(ready, loader, kto_loss_fn(session, reference, job.kto), None)
 

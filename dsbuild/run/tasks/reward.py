@@ -46,7 +46,7 @@ class Reward:
         session.model.config.get_text_config().pad_token_id = pad  # saved with the model: GRPO's scorer reads it
         if job.reward.disable_dropout:
             disable_dropout(session.model)
-        return Parts(ready, ready.train, reward_loss_fn(job.reward), None)
+        return Parts(ready, ready.train, reward_loss_fn(job.reward, ready.session), None)
 
 
 TASK = Reward()
