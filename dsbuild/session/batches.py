@@ -36,36 +36,20 @@ def loader(
     collate_fn: Callable[[list[Any]], Any] | None,
     num_workers: int = 0,
 ) -> Any:
-    """``data`` itself when it is a DataLoader; else a DataLoader over this rank's share of a Dataset or sequence:
-    training's (``shuffle``) as the HF Trainer's loader under Accelerate deals it (``Shards``), evaluation's the
-    samples in order, every ``world_size``-th to a rank, padded to the same count (``DistributedSampler``'s)."""
+    """``data`` itself when it is a DataLoader; else a DataLoader over this rank's share of a Dataset or sequence, as
+    the HF Trainer's loader under Accelerate deals it (``Shards``): training's (``shuffle``) shuffled per epoch,
+    evaluation's in order."""
     if isinstance(data, DataLoader):
         return data
     if not isinstance(data, (Dataset, Sequence)):
         raise SessionError(f"expected a DataLoader, a Dataset or a sequence of samples, got {type(data).__name__}")
-    if shuffle:
-        samples = len(data)  # type: ignore[arg-type]  # a map-style Dataset has a length (DistributedSampler's rule)
-        shards = Shards(samples, batch_size, world_size=world_size, rank=rank, seed=seed, drop_last=drop_last)
-        return DataLoader(
-            data,  # type: ignore[arg-type]
-            batch_sampler=shards,
-            collate_fn=collate_fn,
-            num_workers=num_workers,
-        )
-    from torch.utils.data import DistributedSampler
-
-    sampler: DistributedSampler[Any] = DistributedSampler(
-        data,  # type: ignore[arg-type]
-        num_replicas=world_size,
-        rank=rank,
-        shuffle=False,
-    )
+    samples = len(data)  # type: ignore[arg-type]  # a map-style Dataset has a length
+    shards = Shards(samples, batch_size, world_size=world_size, rank=rank, seed=seed, drop_last=drop_last,
+                    shuffle=shuffle)  # fmt: skip
     return DataLoader(
         data,  # type: ignore[arg-type]
-        batch_size=batch_size,
-        sampler=sampler,
+        batch_sampler=shards,
         collate_fn=collate_fn,
-        drop_last=drop_last,
         num_workers=num_workers,
     )
 
@@ -125,6 +109,15 @@ class Shards(Sampler[list[int]]):
         last = index == len(self) - 1
         return not (last and not self.drop_last and 0 < left < self.world_size and self.rank >= left)
 
+    def kept(self, index: int, size: int) -> int:
+        """How many of this rank's micro-batch ``index`` (``size`` samples) the HF Trainer's evaluation counts: all,
+        but at the epoch's last, where Accelerate's ``gather_for_metrics`` keeps the first ``samples mod (batch_size x
+        world_size)`` of the ranks' micro-batches laid end to end in rank order (the filler left out)."""
+        left = self.samples % (self.batch_size * self.world_size)
+        if self.drop_last or index != len(self) - 1 or left == 0:
+            return size
+        return max(0, min(size, left - self.rank * self.batch_size))
+
     def __len__(self) -> int:
         batches = self.samples // self.batch_size if self.drop_last else -(-self.samples // self.batch_size)
         return batches // self.world_size if self.drop_last else -(-batches // self.world_size)
@@ -180,6 +173,13 @@ def gathered(loader: Any, index: int) -> bool:
     every micro-batch of a loader of your own)."""
     shards = getattr(loader, "batch_sampler", None)
     return shards.gathered(index) if isinstance(shards, Shards) else True
+
+
+def kept(loader: Any, index: int, size: int) -> int:
+    """How many of the ``size`` samples of this rank's micro-batch ``index`` an evaluation counts (``Shards.kept``;
+    all of a loader of your own)."""
+    shards = getattr(loader, "batch_sampler", None)
+    return shards.kept(index, size) if isinstance(shards, Shards) else size
 
 
 def to_device(batch: Any, device: Any) -> Any:
@@ -358,11 +358,13 @@ def forward(
 
 
 def evaluation_sums(
-    engine: Any, loader: Any, model: Any, loss_fn: Callable[[Any, Any], Any] | None
+    engine: Any, loader: Any, session: Any, loss_fn: Callable[[Any, Any], Any] | None
 ) -> tuple[float, float, dict[str, float], int]:
     """``(sum of batch losses × samples, samples, the loss_fn's other numbers summed over the batches, batches)`` over
-    ``loader`` without gradients, on this process (the model put back in training mode after). A sequence-parallel
-    shard's batch counts with its whole batch's loss."""
+    ``loader`` without gradients, on this process (the model put back in training mode after). As the HF Trainer's
+    evaluation: each batch's loss counts once per sample it holds, an uneven end's filler samples not at all
+    (``kept``), and a ``loss_fn`` is told which batches TRL's ``gather_for_metrics`` leaves out
+    (``DataPosition.gathered``). A sequence-parallel shard's batch counts with its whole batch's loss."""
     from . import parallel
 
     was_training = engine.module.training
@@ -371,10 +373,11 @@ def evaluation_sums(
     metrics: dict[str, float] = {}
     try:
         with torch.no_grad():
-            for batch in loader:
+            for index, batch in enumerate(loader):
                 batch = to_device(batch, engine.device)
-                loss, numbers = forward(engine, batch, model, loss_fn)
-                n = counts(batch)[0] or 1
+                session.position.gathered = gathered(loader, index)
+                loss, numbers = forward(engine, batch, session.model, loss_fn)
+                n = kept(loader, index, counts(batch)[0] or 1)
                 if isinstance(loader, parallel.SequenceShards):  # this rank's shard: the batch's loss is its group's
                     loss, n = parallel.whole_batch_loss(loss, batch, loader.samples)
                 total += float(loss.float()) * n
@@ -382,6 +385,7 @@ def evaluation_sums(
                 metrics = {name: metrics.get(name, 0.0) + value for name, value in numbers.items()}
                 seen += 1
     finally:
+        session.position.gathered = True
         if was_training:
             engine.train()
     return total, count, metrics, seen
@@ -395,7 +399,7 @@ def evaluation(engine: Any, loader: Any, session: Any, loss_fn: Callable[[Any, A
     tensor-parallel group's ranks evaluate the same batches, so each batch counts once."""
     from . import distributed
 
-    total, count, sums, seen = evaluation_sums(engine, loader, session.model, loss_fn)
+    total, count, sums, seen = evaluation_sums(engine, loader, session, loss_fn)
     names = sorted(sums)  # every process's loss_fn returns the same names
     summed = distributed.all_sum([total, count, float(seen), *(sums[n] for n in names)], engine.device)
     tp = session.tensor_parallel_size

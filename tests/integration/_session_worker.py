@@ -4,7 +4,8 @@
         tests/integration/_session_worker.py OUT_DIR
 
 ZeRO-3 from an HF-style "auto" preset: the batch sizes come from the real world
-size. Trains a few optimizer steps, evaluates, saves a checkpoint and the model,
+size. Trains a few optimizer steps, evaluates (and an odd evaluation set one sample at a time), saves a checkpoint
+and the model,
 and rank 0 writes ``OUT_DIR/result.json`` for the test to read.
 """
 
@@ -36,6 +37,11 @@ def main(out: Path) -> None:
     )
     s = Session.from_pretrained(tiny_llama(), Config.preset("hf_zero3"), training=training, output_dir=out)
     history = s.fit(TokenData(24), eval_data=TokenData(4, seed=9))
+    # 5 samples one at a time on 2 processes: the last round's second is a filler, which the HF Trainer's evaluation
+    # (gather_for_metrics) leaves out: the mean is each sample's loss once.
+    odd = TokenData(5, seed=13)
+    whole = s.evaluate(odd, batch_size=1)
+    singles = [s.evaluate([odd[i]], batch_size=1)["eval_loss"] for i in range(len(odd))]
     s.save_checkpoint()
     s.save_model(out / "model")
     if s.is_main_process:
@@ -46,6 +52,8 @@ def main(out: Path) -> None:
             "train_batch_size": s.engine.train_batch_size(),
             "global_step": s.global_step,
             "rendezvous": f"{os.environ['MASTER_ADDR']}_{os.environ['MASTER_PORT']}",
+            "odd": whole,
+            "singles": singles,
         }
         (out / "result.json").write_text(json.dumps(result))
 

@@ -342,8 +342,9 @@ def test_cpu_offload_step_changes_weights() -> None:
 
 @pytest.mark.slow
 def test_two_processes_under_torchrun(tmp_path: Path) -> None:
-    """torchrun, 2 processes, ZeRO-3: batch sizes from the real world size, one model saved that transformers loads,
-    nothing left in /dev/shm."""
+    """torchrun, 2 processes, ZeRO-3: batch sizes from the real world size, an evaluation of an odd number of samples
+    counting each once (the HF Trainer's: the filler of the uneven end left out), one model saved that transformers
+    loads, nothing left in /dev/shm."""
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
@@ -360,6 +361,8 @@ def test_two_processes_under_torchrun(tmp_path: Path) -> None:
     assert result["train_batch_size"] == 2 * 2 * 2  # micro x accumulation x world size
     assert json.loads((tmp_path / "ds_config.json").read_text())["train_batch_size"] == 8
     assert [h["step"] for h in result["history"] if "loss" in h] == [1, 2, 3]
+    assert result["odd"]["eval_samples"] == 5
+    assert result["odd"]["eval_loss"] == pytest.approx(sum(result["singles"]) / 5, rel=1e-5)
     assert (tmp_path / "checkpoints" / "global_step3" / "dsbuild_rank1.json").is_file()
     # DeepSpeed's shared-memory all-reduce (on when LOCAL_SIZE is set) leaves a 66 MB /dev/shm file per rank and run.
     assert not list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{result['rendezvous']}_*"))

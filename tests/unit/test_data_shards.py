@@ -59,7 +59,7 @@ def test_each_process_trains_on_the_hf_trainers_micro_batches(
 
 def test_a_training_loader_reads_the_shards_and_an_evaluation_loader_each_sample_in_order() -> None:
     """``Session.fit``'s loader deals the shuffled micro-batches by ``Shards`` (set_epoch reshuffles, as the position
-    sets it); ``evaluate``'s reads the samples in order, every other one to a rank (2 processes)."""
+    sets it); ``evaluate``'s reads them in order, dealt the same way."""
     from dsbuild.session.batches import DataPosition, loader
 
     data = list(range(7))
@@ -74,4 +74,20 @@ def test_a_training_loader_reads_the_shards_and_an_evaluation_loader_each_sample
         assert set(s for rank in epoch for b in rank for s in b) == set(data)
     evaluation = [list(loader(data, 3, world_size=2, rank=r, shuffle=False, seed=1, drop_last=False, collate_fn=list))
                   for r in range(2)]  # fmt: skip
-    assert evaluation == [[[0, 2, 4], [6]], [[1, 3, 5], [0]]]
+    assert evaluation == [[[0, 1, 2], [6, 0, 1]], [[3, 4, 5], [2, 3, 4]]]  # the last round filled from the start
+
+
+@given(samples=st.integers(1, 40), batch=st.integers(1, 6), world=st.integers(1, 5))
+@settings(max_examples=300, deadline=None)
+def test_an_evaluation_counts_every_sample_once(samples: int, batch: int, world: int) -> None:
+    """What ``kept`` counts of each rank's in-order micro-batches is every sample exactly once, the filler of an
+    uneven end never (the HF Trainer's evaluation, whose ``gather_for_metrics`` keeps the first ``samples mod
+    (batch x world)`` of the last round laid out in rank order)."""
+    from dsbuild.session.batches import Shards
+
+    counted = []
+    for rank in range(world):
+        shards = Shards(samples, batch, world_size=world, rank=rank, shuffle=False)
+        for index, micro in enumerate(shards):
+            counted += micro[: shards.kept(index, len(micro))]
+    assert sorted(counted) == list(range(samples))
