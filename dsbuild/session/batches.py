@@ -82,11 +82,11 @@ class Shards(Sampler[list[int]]):
 
     def epoch_batches(self) -> list[list[int]]:
         """Every rank's micro-batches of the epoch, in order (the k-th is rank ``k mod world_size``'s)."""
-        generator = torch.Generator()
-        generator.manual_seed(self.seed + self.epoch)
-        order: list[int] = torch.randperm(self.samples, generator=generator).tolist()
-        if not self.shuffle:
-            order = list(range(self.samples))
+        order = list(range(self.samples))
+        if self.shuffle:
+            generator = torch.Generator()
+            generator.manual_seed(self.seed + self.epoch)
+            order = torch.randperm(self.samples, generator=generator).tolist()
         size, ranks = self.batch_size, self.world_size
         if self.drop_last:
             full = len(order) // size
