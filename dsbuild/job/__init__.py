@@ -33,8 +33,9 @@ that each set a value once never disagree. Values set in both must agree
 
 The package's rooms: ``spec`` (the parts of a job, each key a field with its metadata), ``collect`` (the one
 reader of a table, driven by that metadata), ``readers`` (the keys read by hand and each table's checks, declared
-by table), ``reader`` (a job's tables read together), ``complete`` (the run's training arguments and config),
-``devices`` (``device_mapping``), ``formats`` (the ``[data]`` formats) and ``core`` (``Job``, ``load_job``).
+by table), ``tasks`` (each task as a job file states it, one module each, looked up by name), ``reader`` (a job's
+tables read together), ``complete`` (the run's training arguments and config), ``devices`` (``device_mapping``),
+``formats`` (the ``[data]`` formats) and ``core`` (``Job``, ``load_job``).
 
 Nothing here imports torch, deepspeed, transformers or peft.
 """

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 import attrs
 
@@ -18,9 +18,10 @@ from ..resolve import resolution
 from ..resolve.schedule import job_steps
 from ..resolve.training import Training
 from ..validate import Diagnostic, validate
-from .reader import grpo_batch_problems, read_job, read_job_dict
+from .reader import read_job, read_job_dict
 from .rl import DPOSpec, GRPOSpec, KTOSpec, RewardSpec, RLOOSpec
 from .spec import DataSpec, LaunchSpec, ModelSpec, ReferenceSpec, RewardsSpec, RolloutSpec, StrategySpec
+from .tasks import JOB_TASKS
 
 __all__ = ["Job", "demo_job_path", "load_job"]
 
@@ -184,42 +185,14 @@ class Job:
         return [*self._task_problems(world), *found]
 
     def task_shapes(self) -> dict[str, Any]:
-        """What the job's task changes in ``dsbuild plan``'s facts: a DPO micro-batch is its pairs' chosen and rejected
-        rows, each up to ``[dpo] max_length`` tokens, beside a reference unless it is precomputed; a GRPO or RLOO job
-        keeps a reference with a KL term (``beta`` > 0); a reward job's micro-batch is its pairs' chosen and rejected
-        rows, each up to ``[reward] max_length`` tokens, through a model whose head scores (one number, no vocabulary
-        logits); a KTO job's rows are up to ``[kto] max_length`` tokens, beside a reference (its mismatched KL rows
-        are a forward without gradients)."""
-        if self.dpo is not None and self.reference is not None:
-            return {"seq_len": self.dpo.max_length or self.data.max_length, "reference": not self.reference.precompute,
-                    "micro_batch": 2 * self.training.per_device_train_batch_size}  # fmt: skip
-        sampling = self.grpo or self.rloo  # an RLOO job keeps one by default (beta 0.05)
-        if sampling is not None:
-            return {"reference": sampling.beta != 0.0}
-        if self.reward is not None:
-            return {"seq_len": self.reward.max_length or self.data.max_length,
-                    "micro_batch": 2 * self.training.per_device_train_batch_size}  # fmt: skip
-        if self.kto is not None:
-            return {"seq_len": self.kto.max_length or self.data.max_length, "reference": True}
-        return {}
+        """What the job's task changes in ``dsbuild plan``'s facts (its ``JobTask.shapes``): a DPO or reward
+        micro-batch is its pairs' chosen and rejected rows, a GRPO, RLOO, DPO or KTO job keeps a reference, ..."""
+        return JOB_TASKS[self.task].shapes(self)
 
     def _task_problems(self, world_size: int) -> list[Diagnostic]:
-        """What the task needs of the run: a GRPO job's generation batch holds whole groups at the world size the run
-        will have (the reader checked the job's own ``[launch]``; an override may change it), and its reward models
-        can be offloaded as asked (the strategy's stage)."""
-        sampling = self.grpo or self.rloo
-        if sampling is None:
-            return []
-        problems = grpo_batch_problems(sampling, self.training, world_size)
-        found = [Diagnostic(p.path, "error", p.message, p.hint, "world size") for p in problems]
-        rewards = self.rewards
-        if rewards is not None and rewards.models and (rewards.offload_models or rewards.zero_stage is not None):
-            try:  # its refusals: a stage an engine without an optimizer cannot have, offloading below stage 3
-                self.config.for_inference(rewards.offload_models, stage=rewards.zero_stage)
-            except ConfigError as e:
-                found += [Diagnostic(_REWARD_KEYS.get(p.path, f"strategy.config.{p.path}"), "error", p.message, p.hint)
-                          for p in e.problems]  # fmt: skip
-        return found
+        """What the task needs of the run at ``world_size`` (its ``JobTask.problems``: a GRPO job's generation batch
+        holds whole groups at the world size the run will have, its reward models can be placed as asked)."""
+        return JOB_TASKS[self.task].problems(self, world_size)
 
     def check(self, *, world_size: int | None = None) -> Job:
         """Raise one ``ConfigError`` (``source``: the job file) listing every error of ``validate``; else ``self``."""
@@ -227,11 +200,6 @@ class Job:
         if errors:
             raise ConfigError([Problem(d.path, d.message, d.hint, needs=d.needs) for d in errors], source=self.source)
         return self
-
-
-_REWARD_KEYS: Final = {"zero_optimization.stage": "rewards.zero_stage",
-                        "zero_optimization.offload_param": "rewards.offload_models"}  # fmt: skip
-"""The ``[rewards]`` key behind each key ``for_inference`` refuses for a job's reward models."""
 
 
 def _config_path(path: str, overrides: Mapping[str, Any] | None = None) -> str:

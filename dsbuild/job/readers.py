@@ -60,6 +60,7 @@ from .spec import (
     StrategySpec,
     job_keys,
 )
+from .tasks.base import TABLE_SPECS
 from .trl_keys import not_run
 
 __all__ = ["CHECKS", "READERS"]
@@ -404,7 +405,7 @@ def trl_not_run(c: Collector, values: dict[str, Any], path: str, table: Mapping[
     """What ``dsbuild train`` does not run of TRL's ``DPOConfig`` / ``GRPOConfig`` / ``RLOOConfig`` /
     ``RewardConfig``, refused by key at other than the value that runs, with what to write instead
     (``trl_keys.NOT_RUN``)."""
-    read = job_keys({"dpo": DPOSpec, "grpo": GRPOSpec, "rloo": RLOOSpec, "reward": RewardSpec, "kto": KTOSpec}[path])
+    read = job_keys(TABLE_SPECS[path])
     c.problems.extend(not_run(path, table, values, read))
 
 

@@ -17,28 +17,25 @@ from .._util.docstrings import attribute_docs, one_line
 from ..io.schema import DIALECT, json_schema, value_schema
 from ..resolve.training import Training
 from ..version import VERSION
-from .rl import DPOSpec, GRPOSpec, KTOSpec, RewardSpec, RLOOSpec
-from .spec import (
-    TASKS,
-    DataSpec,
-    LaunchSpec,
-    LoraSpec,
-    ModelSpec,
-    ReferenceSpec,
-    RewardsSpec,
-    RolloutSpec,
-    StrategySpec,
-    job_keys,
-)
+from .spec import DataSpec, LaunchSpec, LoraSpec, ModelSpec, StrategySpec, job_keys
+from .tasks import JOB_TASKS, TABLE_SPECS
 
 __all__ = ["job_schema"]
 
 _TABLES: dict[str, type] = {
-    "model": ModelSpec, "data": DataSpec, "strategy": StrategySpec, "launch": LaunchSpec,
-    "reference": ReferenceSpec, "dpo": DPOSpec, "rollout": RolloutSpec, "rewards": RewardsSpec, "grpo": GRPOSpec,
-    "reward": RewardSpec, "rloo": RLOOSpec, "kto": KTOSpec,
+    "model": ModelSpec, "data": DataSpec, "strategy": StrategySpec, "launch": LaunchSpec, **TABLE_SPECS,
 }  # fmt: skip
 _REQUIRED: dict[type, list[str]] = {DataSpec: ["path", "format"], StrategySpec: ["config"]}
+
+
+def _tasks_text() -> str:
+    """``task``'s description: each task, TRL's trainer it equals and the tables it reads."""
+    said = []
+    for task in JOB_TASKS.values():
+        tables = ", ".join(f"[{t}]" for t in task.tables)
+        trainer = task.config.removesuffix("Config") + "Trainer"
+        said.append(f'"{task.name}" (TRL\'s {trainer}' + (f": {tables} are read)" if tables else ")"))
+    return f"What the job trains: {', '.join(said[:-1])} or {said[-1]}."
 
 
 def job_schema() -> dict[str, Any]:
@@ -51,12 +48,9 @@ def job_schema() -> dict[str, Any]:
     properties: dict[str, Any] = {
         "description": {"type": "string", "description": "A one-line description of the job."},
         "task": {
-            "enum": list(TASKS),
+            "enum": list(JOB_TASKS),
             "default": "sft",
-            "description": 'What the job trains: "sft" (TRL\'s SFTTrainer), "dpo" (TRL\'s DPOTrainer: [reference] and '
-            '[dpo] are read), "grpo" (TRL\'s GRPOTrainer: [reference], [rollout], [rewards] and [grpo]), "reward" '
-            '(TRL\'s RewardTrainer: [reward]), "rloo" (TRL\'s RLOOTrainer: GRPO\'s tables with [rloo]) or "kto" '
-            "(TRL's KTOTrainer: [reference] and [kto]).",
+            "description": _tasks_text(),
         },
         "training": _training(),
     }

@@ -29,8 +29,6 @@ __all__ = [
     "JOB_TABLES",
     "ROLLOUT_BACKENDS",
     "STRATEGIES",
-    "TASKS",
-    "TASK_TABLES",
     "DataSpec",
     "Key",
     "LaunchSpec",
@@ -46,24 +44,6 @@ __all__ = [
 
 JOB_TABLES: Final = ("model", "data", "training", "strategy", "launch")
 """The top-level tables of a job file; a file with any of them is a job, not a ds_config."""
-
-TASK_TABLES: Final = {
-    "dpo": ("reference", "dpo"),
-    "grpo": ("reference", "rollout", "rewards", "grpo"),
-    "reward": ("reward",),
-    "rloo": ("reference", "rollout", "rewards", "rloo"),
-    "kto": ("reference", "kto"),
-}
-"""The tables a task adds to a job (``task = "dpo"``: ``[reference]`` and ``[dpo]``; ``task = "grpo"``:
-``[reference]``, ``[rollout]``, ``[rewards]`` and ``[grpo]``; ``task = "reward"``: ``[reward]``; ``task = "rloo"``:
-GRPO's tables with ``[rloo]`` for ``[grpo]``; ``task = "kto"``: ``[reference]`` and ``[kto]``), read only for that task."""
-
-TASKS: Final = ("sft", *TASK_TABLES)
-"""What a job trains (``task``): ``"sft"`` (the default: a causal LM on its data, as TRL's SFTTrainer), ``"dpo"``
-(preference pairs, as TRL's DPOTrainer), ``"grpo"`` (prompts, completions sampled and rewarded, as TRL's
-GRPOTrainer), ``"reward"`` (a reward model on preference pairs, as TRL's RewardTrainer), ``"rloo"`` (GRPO's
-prompts, completions and rewards, trained on as TRL's RLOOTrainer) or ``"kto"`` (completions labelled desirable or
-not, as TRL's KTOTrainer)."""
 
 ROLLOUT_BACKENDS: Final = ("hf", "function")
 """``rollout.backend``: the policy's own ``generate`` (``"hf"``) or a function of the prompts (``"function"``, TRL's

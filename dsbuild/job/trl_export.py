@@ -15,6 +15,7 @@ from ..errors import ConfigError, Problem
 from ..resolve.training import Training
 from .accelerate_import import Note
 from .spec import DataSpec, job_keys
+from .tasks import JOB_TASKS
 
 if TYPE_CHECKING:
     from .core import Job
@@ -116,7 +117,7 @@ def _training(training: Training) -> dict[str, Any]:
 
 def _rl(job: Job, notes: list[Note]) -> dict[str, Any]:
     config: dict[str, Any] = {}
-    spec = {"dpo": job.dpo, "grpo": job.grpo, "reward": job.reward, "rloo": job.rloo}.get(job.task)
+    spec = JOB_TASKS[job.task].own(job)
     if spec is not None:
         config.update(spec.to_trl())
         if config.get("generation_batch_size") is None:

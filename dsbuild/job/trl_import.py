@@ -28,7 +28,8 @@ from ..errors import ConfigError, MissingDependencyError, Problem
 from ..resolve.training import NOT_TAKEN, Training
 from .accelerate_import import Note, accelerate_launch, check_settings, plugin_config, strategy_notes
 from .rl import DPOSpec, GRPOSpec
-from .spec import TASKS, job_keys
+from .spec import job_keys
+from .tasks import TASKS
 from .trl_keys import DPO_NOT_RUN, GRPO_NOT_RUN, NOT_RUN, NotRun, generation_kwargs_instead
 
 __all__ = ["GROUPS", "NOT_READ", "Imported", "TrlArguments", "import_job", "task_fields", "task_of", "trl_arguments"]

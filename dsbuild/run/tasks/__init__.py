@@ -13,17 +13,19 @@ A task says, of a job whose tables the job reader read (``dsbuild.job``: its tab
   policy (a reference, reward models) on every rank.
 
 Its loss and metrics live in ``dsbuild.rl``; these modules import it inside the functions that run, so importing
-them stays light (the launcher does). Adding a task is a module here, one line in ``TASKS``, its tables in
-``dsbuild.job`` (docs/architecture.md walks it).
+them stays light (the launcher does). A task's module here has the name of its ``dsbuild.job.tasks`` module, whose
+``JOB_TASKS`` lists the tasks: adding a task is a module in each and one line there (docs/architecture.md walks
+it).
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any, Final, NamedTuple, Protocol
 
 from ...job import Job
-from . import dpo, grpo, kto, reward, rloo, sft
+from ...job.tasks import JOB_TASKS
 
 __all__ = ["TASKS", "Parts", "Task", "task_of"]
 
@@ -51,15 +53,8 @@ class Task(Protocol):
     def parts(self, job: Job, ready: Any, say: Callable[[str], None]) -> Parts: ...
 
 
-TASKS: Final[dict[str, Task]] = {
-    "sft": sft.TASK,
-    "dpo": dpo.TASK,
-    "grpo": grpo.TASK,
-    "reward": reward.TASK,
-    "rloo": rloo.TASK,
-    "kto": kto.TASK,
-}
-"""Each task by the name a job's ``task`` gives."""
+TASKS: Final[dict[str, Task]] = {name: importlib.import_module(f".{name}", __name__).TASK for name in JOB_TASKS}
+"""Each task by the name a job's ``task`` gives: the ``TASK`` of this package's module of that name."""
 
 
 def task_of(job: Job) -> Task:
