@@ -78,6 +78,19 @@ def function_ref_problem(path: str, value: Any) -> Problem | None:
     )
 
 
+def _forget_another(module_name: str, folder: Path) -> None:
+    """Where ``folder`` holds the module (``NAME.py`` or a package) and this process imported a module of that name
+    from elsewhere (another job's folder), that one is forgotten, so the job gets its own file's functions."""
+    top = module_name.split(".")[0]
+    if not ((folder / f"{top}.py").is_file() or (folder / top / "__init__.py").is_file()):
+        return
+    where = getattr(sys.modules.get(top), "__file__", None)
+    if where is not None and not Path(where).resolve().is_relative_to(folder.resolve()):
+        for loaded in [n for n in sys.modules if n == top or n.startswith(f"{top}.")]:
+            del sys.modules[loaded]
+        importlib.invalidate_caches()
+
+
 def load_function(ref: str, *, base_dir: Path | None, key: str, source: str | None = None) -> Callable[..., Any]:
     """The function ``ref`` (``"module:function"``) names, its module imported with ``base_dir`` (the job file's
     folder) first on the path. ``ConfigError`` at ``key`` (checks failed: exit 1) when the module cannot be imported,
@@ -89,8 +102,11 @@ def load_function(ref: str, *, base_dir: Path | None, key: str, source: str | No
         raise ConfigError(problem, source=source, checks=True)
     module_name, name = ref.split(":")
     folder = str(base_dir) if base_dir is not None else None
-    if folder is not None and folder not in sys.path:
+    if folder is not None:
+        if folder in sys.path:
+            sys.path.remove(folder)
         sys.path.insert(0, folder)
+        _forget_another(module_name, Path(folder))
     try:
         module = importlib.import_module(module_name)
     except Exception as e:

@@ -219,6 +219,18 @@ def test_a_reference_table_is_read_by_dpo_and_grpo_and_named_once_for_sft(tmp_pa
     ]
 
 
+def test_each_job_gets_the_functions_of_its_own_folder(tmp_path: Path) -> None:
+    """Two jobs in one process whose folders each hold a ``my_rewards.py`` get each its own file's functions (the
+    second was served the first's module, imported under the same name: a failure that depended on the order of the
+    test modules)."""
+    for name, value in (("a", 1.0), ("b", 2.0)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "my_rewards.py").write_text(f"def score(completions, **_):\n    return [{value}]\n")
+    assert load_function("my_rewards:score", base_dir=tmp_path / "a", key="k")(completions=["x"]) == [1.0]
+    assert load_function("my_rewards:score", base_dir=tmp_path / "b", key="k")(completions=["x"]) == [2.0]
+    assert load_function("my_rewards:score", base_dir=tmp_path / "a", key="k")(completions=["x"]) == [1.0]
+
+
 def test_the_functions_a_job_names_are_found_or_named(tmp_path: Path) -> None:
     """A function is imported from the job file's folder; a missing module, a missing name, a module that fails to
     import and a name that is not a function each fail its checks (exit 1) under the key, in one line."""
