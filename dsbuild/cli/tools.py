@@ -13,7 +13,7 @@ from .output import error, out
 
 if TYPE_CHECKING:
     from ..job import Job
-    from ..planner import Precision
+    from ..planner import Plan, Precision
 
 __all__ = ["add_checkpoints", "add_doctor", "add_plan"]
 
@@ -143,6 +143,7 @@ def _plan(args: argparse.Namespace) -> int:
     import attrs
 
     from ..planner import MIXED_ADAM, format_plan_table, parse_count, plan, plan_to_json, with_staging
+    from ..planner.count import count_scorer
     from ..resolve.batch import degrees
     from .common import job_of
 
@@ -179,8 +180,12 @@ def _plan(args: argparse.Namespace) -> int:
     facts.update({name: value for name, value in given.items() if value is not None})  # else the job's, or the default
     if args.reference:
         facts["reference"] = True
+    roles = {key: facts.pop(key) for key in _ROLES if key in facts}  # what the task keeps beside the policy
+    params = parse_count(args.params) if args.params is not None else None
+    if roles.get("scorer") and params is None:  # a reward model: the decoder and a score head, no LM head
+        params = count_scorer(model)
     result = plan(
-        params=parse_count(args.params) if args.params is not None else None,
+        params=params,
         model=model,
         largest_layer_params=(
             parse_count(args.largest_layer_params, "largest_layer_params") if args.largest_layer_params else None
@@ -194,6 +199,8 @@ def _plan(args: argparse.Namespace) -> int:
         precision=precision,
         **facts,
     )
+    if roles.get("reward_models"):
+        result = _with_reward_models(result, roles)
     if job is not None and job.training.async_save:  # each process's checkpoint copied into CPU memory as it saves
         from ..planner.count import count_lora
 
@@ -211,6 +218,30 @@ def _plan(args: argparse.Namespace) -> int:
         if not args.json:
             out(f"wrote {written}")
     return 0
+
+
+_ROLES = ("scorer", "reward_models", "reward_stage", "reward_offload")
+"""The facts of ``Job.task_shapes`` that are no argument of ``plan``: a reward task's model (a scorer), a GRPO or
+RLOO job's reward models (their folders, ZeRO stage and offload)."""
+
+
+def _with_reward_models(result: Plan, roles: dict[str, Any]) -> Plan:
+    """The plan with a GRPO or RLOO job's reward models counted (each a scorer read from its folder); one whose
+    config cannot be read (a hub id: nothing is downloaded) is a note, not counted."""
+    import attrs
+
+    from ..errors import InvalidValueError
+    from ..planner.count import count_scorer
+    from ..planner.frozen import with_frozen_models
+
+    counted, notes = [], []
+    for where in roles["reward_models"]:
+        try:
+            counted.append(count_scorer(where))
+        except InvalidValueError as e:
+            notes.append(f"reward model {where} not counted: {e.problems[0].message}")
+    result = with_frozen_models(result, counted, roles.get("reward_stage"), bool(roles.get("reward_offload")))
+    return attrs.evolve(result, notes=(*result.notes, *notes))
 
 
 def _job_precision(job: Job) -> Precision:

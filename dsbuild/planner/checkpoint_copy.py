@@ -15,6 +15,7 @@ from typing import Final
 import attrs
 
 from .core import Plan
+from .frozen import repicked
 from .precision import MIXED_ADAM, Precision
 from .sizes import gib
 
@@ -62,28 +63,15 @@ def with_staging(plan: Plan, trained: int) -> Plan:
     for row in plan.rows:
         cpu = row.cpu_bytes_per_node + copies[row.stage].per_node
         rows.append(attrs.evolve(row, cpu_bytes_per_node=cpu, fits=row.fits and (budget is None or cpu <= budget)))
-    nvme = ("nvme",)
-    on_nvme = [r.offload_optimizer in nvme or r.offload_param in nvme for r in rows]
-    chosen = next(
-        (r for r, n in zip(rows, on_nvme, strict=True) if r.fits and (plan.nvme_path is not None or not n)), None
-    )
-    recommended = plan.config_for(chosen) if chosen is not None else None
     per_stage = ", ".join(f"ZeRO-{s} {size(c.per_rank)} per process ({size(c.per_node)} per node)"
                           for s, c in copies.items())  # fmt: skip
     note = (
         f"training.async_save: each process's checkpoint is copied into CPU memory at the step that saves, and the "
         f"CPU column holds that copy: {per_stage}"
     )
-    reason = plan.reason
-    if chosen is None or plan.recommended_row is None or chosen.label != plan.recommended_row.label:
-        reason = (
-            f"{chosen.label}: the fastest row whose CPU need, with the asynchronous save's copy, fits"
-            if chosen is not None
-            else "no row fits with the asynchronous save's copy in CPU memory (training.async_save = false saves "
-            "without one)"
-        )
-    return attrs.evolve(plan, rows=tuple(rows), recommended=recommended, recommended_row=chosen, reason=reason,
-                        notes=(*plan.notes, note))  # fmt: skip
+    return repicked(plan, rows, note, "the fastest row whose CPU need, with the asynchronous save's copy, fits",
+                    "no row fits with the asynchronous save's copy in CPU memory (training.async_save = false saves "
+                    "without one)")  # fmt: skip
 
 
 def available_memory() -> int | None:

@@ -17,7 +17,7 @@ import attrs
 from ..errors import ConfigError, InvalidValueError, MissingDependencyError, Problem
 from ..io.config_files import read_table
 
-__all__ = ["DEFAULTS", "ModelSize", "Shape", "count_params"]
+__all__ = ["DEFAULTS", "ModelSize", "Shape", "count_params", "count_scorer"]
 
 
 @attrs.frozen
@@ -70,6 +70,17 @@ def count_params(model: Any) -> ModelSize:
             f"got {type(model).__name__}, expected an HF config (object, dict, path to config.json) or a model",
         )
     )
+
+
+def count_scorer(model: str | os.PathLike[str] | Mapping[str, Any], labels: int = 1) -> int:
+    """Parameters of the ``AutoModelForSequenceClassification`` with ``labels`` labels built from a causal model's
+    config (a dict, ``config.json`` or its folder), as TRL builds a reward model: the decoder without its LM head (the
+    count with the head tied to the embeddings), and a score head of ``labels`` x hidden, without bias."""
+    data = dict(model) if isinstance(model, Mapping) else _read_config_json(Path(model))
+    size = _count_config({**data, "tie_word_embeddings": True})
+    if size.shape is None:
+        raise InvalidValueError(Problem("model", f"cannot tell the hidden size of {size.source}"))
+    return size.params + labels * size.shape.hidden_size
 
 
 def _read_config_json(path: Path) -> dict[str, Any]:

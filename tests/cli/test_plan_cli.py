@@ -290,3 +290,71 @@ def test_plan_reads_the_precision_from_the_jobs_config_and_the_flags_win(
     flagged = precision(job, "--precision", "bf16", "--optimizer", "Lion")
     assert (flagged["training"], flagged["optimizer"], flagged["optimizer_states"]) == ("bf16", "Lion", 1)
     assert precision(job, "--optimizer", "SGD")["optimizer_states"] == 1
+
+
+SMALL_LLAMA = (
+    '[model]\ntokenizer = "byte"\n[model.config]\nmodel_type = "llama"\nhidden_size = 64\nintermediate_size = 128\n'
+    "num_hidden_layers = 2\nnum_attention_heads = 4\nvocab_size = 384\n"
+)
+
+
+def test_plan_counts_a_reward_jobs_model_as_a_scorer(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """--model on a task = "reward" job plans the model TRL trains: a sequence classifier with one label (the score
+    head, hidden x 1, for the LM head, vocab x hidden), as many parameters as transformers builds."""
+    from transformers import AutoModelForSequenceClassification, LlamaConfig
+
+    job = tmp_path / "job.toml"
+    job.write_text(
+        'task = "reward"\n' + SMALL_LLAMA + '[data]\npath = "pairs.jsonl"\nformat = "preference"\n'
+        '[training]\nper_device_train_batch_size = 2\n[strategy]\nconfig = "zero2"\n'
+    )  # fmt: skip
+    (tmp_path / "pairs.jsonl").write_text('{"prompt": "a", "chosen": " b", "rejected": " c"}\n')
+    assert main(["plan", "--model", str(job), "--json"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         vocab_size=384, num_labels=1)  # fmt: skip
+    built = AutoModelForSequenceClassification.from_config(config)
+    assert planned["params"] == sum(p.numel() for p in built.parameters()) == 106_880
+
+
+def test_plan_counts_a_grpo_jobs_reward_models_at_their_stage(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """--model on a GRPO job with [rewards] models adds each reward model's weights, frozen: whole on every GPU beside
+    a policy below stage 3 (or at zero_stage = 0), partitioned at stage 3, in CPU memory with offload_models; a hub
+    id (not downloaded) is named in a note, not counted."""
+    folder = tmp_path / "rm"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 128, "intermediate_size": 256,
+                                                    "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 384,
+                                                    "num_labels": 1}))  # fmt: skip
+    (tmp_path / "prompts.jsonl").write_text('{"prompt": "a"}\n')
+    base = (
+        'task = "grpo"\n' + SMALL_LLAMA + '[data]\npath = "prompts.jsonl"\nformat = "prompt"\n'
+        '[training]\nper_device_train_batch_size = 8\nbf16 = true\n[launch]\nnproc_per_node = 2\n'
+    )  # fmt: skip
+    job = tmp_path / "job.toml"
+
+    def rows(rewards: str, config: str = "zero2") -> tuple[dict[int, dict[str, Any]], list[str]]:
+        job.write_text(base + f'[strategy]\nconfig = "{config}"\n[rewards]\n{rewards}\n')
+        assert main(["plan", "--model", str(job), "--json"]) == 0
+        planned = json.loads(capsys.readouterr().out)
+        return {(r["stage"], r["offload_optimizer"], r["offload_param"]): r for r in planned["rows"]}, planned["notes"]
+
+    from dsbuild.planner.count import count_scorer
+
+    weights = 2 * count_scorer(folder)  # bf16
+    alone, _ = rows('functions = ["r:f"]')
+    kept, notes = rows('models = ["rm"]')
+    assert any(n.startswith("reward models: 1 of") for n in notes)
+    grown = {key: kept[key]["gpu_total_bytes"] - row["gpu_total_bytes"] for key, row in alone.items()}
+    assert grown[(0, "none", "none")] == grown[(2, "none", "none")] == weights
+    assert grown[(3, "none", "none")] == -(-weights // 2)
+    whole, _ = rows('models = ["rm"]\nzero_stage = 0')
+    assert whole[(3, "none", "none")]["gpu_total_bytes"] - alone[(3, "none", "none")]["gpu_total_bytes"] == weights
+    offloaded, _ = rows('models = ["rm"]\noffload_models = true', config="zero3")
+    key = (3, "none", "none")
+    assert offloaded[key]["gpu_total_bytes"] == alone[key]["gpu_total_bytes"]
+    assert offloaded[key]["cpu_bytes_per_node"] - alone[key]["cpu_bytes_per_node"] == 2 * -(-weights // 2)
+    _, notes = rows('models = ["org/reward-model"]')
+    assert any(n.startswith("reward model org/reward-model not counted") for n in notes)

@@ -58,7 +58,7 @@ def test_a_reward_job_reads_rewardconfigs_names_and_defaults(tmp_path: Path) -> 
         _write(tmp_path, JOB + "    [reward]\n    max_length = 64\n    center_rewards_coefficient = 0.01\n")
     )
     assert set_.reward == RewardSpec(max_length=64, center_rewards_coefficient=0.01)
-    assert set_.task_shapes() == {"seq_len": 64, "micro_batch": 4}
+    assert set_.task_shapes() == {"seq_len": 64, "micro_batch": 4, "scorer": True}
 
 
 def _reward_fields() -> dict[str, Any]:

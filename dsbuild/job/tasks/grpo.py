@@ -66,8 +66,13 @@ def prompt_task(name: str, label: str, config: str) -> JobTask:
         return found
 
     def shapes(job: Any) -> dict[str, Any]:
-        """A reference with a KL term (``beta`` > 0)."""
-        return {"reference": getattr(job, name).beta != 0.0}
+        """A reference with a KL term (``beta`` > 0); the reward models, frozen, at their stage."""
+        kept: dict[str, Any] = {"reference": getattr(job, name).beta != 0.0}
+        rewards = job.rewards
+        if rewards is not None and rewards.models:
+            kept.update(reward_models=tuple(rewards.models), reward_stage=rewards.zero_stage,
+                        reward_offload=rewards.offload_models)  # fmt: skip
+        return kept
 
     missing = 'missing: {job} needs [rewards] functions = ["module:function", ...]'
     return JobTask(name, label=label, config=config, tables=("reference", "rollout", "rewards", name),

@@ -12,9 +12,10 @@ __all__ = ["TASK"]
 
 
 def shapes(job: Any) -> dict[str, Any]:
-    """A micro-batch is its pairs' chosen and rejected rows, each up to ``[reward] max_length`` tokens."""
+    """A micro-batch is its pairs' chosen and rejected rows, each up to ``[reward] max_length`` tokens, through a
+    scorer (the model as ``AutoModelForSequenceClassification``: a score head for the LM head)."""
     return {"seq_len": job.reward.max_length or job.data.max_length,
-            "micro_batch": 2 * job.training.per_device_train_batch_size}  # fmt: skip
+            "micro_batch": 2 * job.training.per_device_train_batch_size, "scorer": True}  # fmt: skip
 
 
 TASK = JobTask(
