@@ -357,10 +357,27 @@ def forward(
     return loss_of(engine(*args, **kwargs)), {}
 
 
+def add_metrics(sums: dict[str, list[float]], numbers: Mapping[str, float]) -> None:
+    """Each of a batch's ``numbers`` added to its name's ``[sum, batches]``: TRL's trainers average each metric over
+    the batches that logged it, and a batch may log a name or not (KTO's ``logps/rejected``: only a batch with an
+    undesirable completion)."""
+    for name, value in numbers.items():
+        kept = sums.setdefault(name, [0.0, 0.0])
+        kept[0] += value
+        kept[1] += 1.0
+
+
+def metric_means(names: Sequence[str], summed: Sequence[float]) -> dict[str, float]:
+    """Each name's mean from ``add_metrics``'s pairs summed over the processes (``summed``: sum, batches, in
+    ``names``' order)."""
+    return {n: summed[2 * i] / max(summed[2 * i + 1], 1.0) for i, n in enumerate(names)}
+
+
 def evaluation_sums(
     engine: Any, loader: Any, session: Any, loss_fn: Callable[[Any, Any], Any] | None
-) -> tuple[float, float, dict[str, float], int]:
-    """``(sum of batch losses × samples, samples, the loss_fn's other numbers summed over the batches, batches)`` over
+) -> tuple[float, float, dict[str, list[float]], int]:
+    """``(sum of batch losses × samples, samples, the loss_fn's other numbers: each summed with the batches that
+    returned it (add_metrics), batches)`` over
     ``loader`` without gradients, on this process (the model put back in training mode after). As the HF Trainer's
     evaluation: each batch's loss counts once per sample it holds, an uneven end's filler samples not at all
     (``kept``), and a ``loss_fn`` is told which batches TRL's ``gather_for_metrics`` leaves out
@@ -370,7 +387,7 @@ def evaluation_sums(
     was_training = engine.module.training
     engine.eval()
     total, count, seen = 0.0, 0.0, 0
-    metrics: dict[str, float] = {}
+    metrics: dict[str, list[float]] = {}
     try:
         with torch.no_grad():
             for index, batch in enumerate(loader):
@@ -382,7 +399,7 @@ def evaluation_sums(
                     loss, n = parallel.whole_batch_loss(loss, batch, loader.samples)
                 total += float(loss.float()) * n
                 count += n
-                metrics = {name: metrics.get(name, 0.0) + value for name, value in numbers.items()}
+                add_metrics(metrics, numbers)
                 seen += 1
     finally:
         session.position.gathered = True
@@ -400,11 +417,11 @@ def evaluation(engine: Any, loader: Any, session: Any, loss_fn: Callable[[Any, A
     from . import distributed
 
     total, count, sums, seen = evaluation_sums(engine, loader, session, loss_fn)
-    names = sorted(sums)  # every process's loss_fn returns the same names
-    summed = distributed.all_sum([total, count, float(seen), *(sums[n] for n in names)], engine.device)
+    names = sorted(sums)  # every process's loss_fn returns the same names for a batch
+    summed = distributed.all_sum([total, count, float(seen), *(v for n in names for v in sums[n])], engine.device)
     tp = session.tensor_parallel_size
-    total, count, batch_count = summed[0] / tp, summed[1] / tp, summed[2]
-    means = {f"eval_{n}": value / max(batch_count, 1.0) for n, value in zip(names, summed[3:], strict=True)}
+    total, count = summed[0] / tp, summed[1] / tp
+    means = {f"eval_{n}": value for n, value in metric_means(names, summed[3:]).items()}
     trained = float(session.position.tokens)
     return {"eval_loss": total / max(count, 1.0), "eval_samples": count, "eval_num_tokens": trained, **means}
 

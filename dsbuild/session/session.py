@@ -441,7 +441,7 @@ def optimizer_step(
     # The group's trained tokens, over every process, weight its loss (HF's num_items_in_batch).
     num_items = session.items_in_step(group) if by_tokens else None
     window = [0.0, 0.0, 0.0, 0.0]  # loss, samples, tokens of the step on this process; the tokens TRL counts
-    metrics: dict[str, float] = {}  # a loss_fn's other numbers, summed over the micro-batches
+    metrics: dict[str, list[float]] = {}  # a loss_fn's other numbers, each summed with its micro-batches
     out = None
     for i, batch in enumerate(group):
         samples, tokens = counts(batch)
@@ -455,19 +455,19 @@ def optimizer_step(
             session.position.gathered = True
         session.position.batch_in_epoch += 1
         window = [window[0] + out.loss, window[1] + samples, window[2] + tokens, window[3] + counted]
-        metrics = {name: metrics.get(name, 0.0) + value for name, value in out.metrics.items()}
+        batches.add_metrics(metrics, out.metrics)
     assert out is not None
     # One collective per step sums the step's numbers and which process was signalled, by what (stop_code).
     noted = [0.0] * session.world_size
     asked = session.hooks.stop_requested() if session.hooks.stop_requested is not None else None
     noted[session.rank] = float(loop.stop_code(stop.check() or asked))
-    names = sorted(metrics)  # every process's loss_fn returns the same names
+    names = sorted(metrics)  # every process's loss_fn returns the same names for a micro-batch
     # A checkpoint written in the background (async_save) counts at the first step every process has written it.
     writing = [float(session.saving.written())] if session.saving is not None else []
-    summed = distributed.all_sum([*window, *(metrics[n] for n in names), *noted, *writing], engine.device)
+    summed = distributed.all_sum([*window, *(v for n in names for v in metrics[n]), *noted, *writing], engine.device)
     loss_sum, samples_sum, tokens_sum, counted_sum = summed[:4]
-    means = {n: v / (len(group) * session.world_size) for n, v in zip(names, summed[4 : 4 + len(names)], strict=True)}
-    codes = summed[4 + len(names) : 4 + len(names) + session.world_size]
+    means = batches.metric_means(names, summed[4 : 4 + 2 * len(names)])  # over the micro-batches that logged each
+    codes = summed[4 + 2 * len(names) : 4 + 2 * len(names) + session.world_size]
     if writing and summed[-1] == session.world_size:
         session.finish_saving()
     signalled = next(((rank, loop.stop_name(int(c))) for rank, c in enumerate(codes) if c), None)

@@ -61,7 +61,7 @@ def run_trl(base: Path, out: Path, ds_config: Path, micro: int, accumulation: in
         output_dir=str(out / "trl"), deepspeed=str(ds_config), per_device_train_batch_size=micro,
         gradient_accumulation_steps=accumulation, learning_rate=LR, weight_decay=0.0, lr_scheduler_type="constant",
         max_steps=STEPS, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, seed=0,
-        num_generations=GENERATIONS, max_completion_length=MAX_COMPLETION, bf16=False, **options,
+        bf16=False, **{"num_generations": GENERATIONS, "max_completion_length": MAX_COMPLETION, **options},
     )  # fmt: skip
     # bf16=False: TRL's configs default to bf16, which leaves the policy in fp32 (the config's explicit precision)
     # but builds the reference in bf16 (prepare_deepspeed), its log-probs up to 2.7e-3 off the policy's at step 0:
