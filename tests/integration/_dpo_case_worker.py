@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -68,12 +69,18 @@ def run(case: dict[str, Any], out: Path) -> list[dict[str, Any]]:
 
 
 def main() -> None:
+    serve(run)
+
+
+def serve(train: Callable[[dict[str, Any], Path], list[dict[str, Any]]]) -> None:
+    """``train(CASE, OUT)`` of the command line's ``CASE.json OUT`` as one process of a run (alone, or under
+    torchrun), rank 0 writing its records to ``OUT/result.json``; the process ends without finalization."""
     case = json.loads(Path(sys.argv[1]).read_text())
     out = Path(sys.argv[2])
     for key, value in {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}.items():
         os.environ.setdefault(key, value)
     os.environ.setdefault("MASTER_PORT", str(free_port()))
-    records = run(case, out)
+    records = train(case, out)
     if os.environ["RANK"] == "0":
         out.mkdir(parents=True, exist_ok=True)
         (out / "result.json").write_text(json.dumps(records))

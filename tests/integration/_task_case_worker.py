@@ -14,13 +14,10 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
-
-from dsbuild.session.distributed import free_port
 
 
 def run(case: dict[str, Any], out: Path) -> list[dict[str, Any]]:
@@ -55,23 +52,7 @@ def run(case: dict[str, Any], out: Path) -> list[dict[str, Any]]:
     ]
 
 
-def main() -> None:
-    case = json.loads(Path(sys.argv[1]).read_text())
-    out = Path(sys.argv[2])
-    for key, value in {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}.items():
-        os.environ.setdefault(key, value)
-    os.environ.setdefault("MASTER_PORT", str(free_port()))
-    records = run(case, out)
-    if os.environ["RANK"] == "0":
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "result.json").write_text(json.dumps(records))
-    from dsbuild.session import distributed
-
-    distributed.close_gloo()  # before the interpreter's finalization, where gloo can abort ("terminate called ...")
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # the result is written; an abort in finalization would fail the test
-
-
 if __name__ == "__main__":
-    main()
+    from _dpo_case_worker import serve
+
+    serve(run)

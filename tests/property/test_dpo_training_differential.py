@@ -24,15 +24,12 @@ fill it, ``session.batches.Shards``).
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-import tomli_w
+import trainings
 from hypothesis import Phase, assume, example, given, settings
 from hypothesis import strategies as st
 from strategies import content
@@ -42,8 +39,7 @@ from dsbuild.job.rl import DPO_LOSS_TYPES, F_DIVERGENCE_LOSS_TYPES, F_DIVERGENCE
 pytestmark = [pytest.mark.slow, pytest.mark.train, pytest.mark.procs]  # each side trains in processes of its own
 
 ROOT = Path(__file__).resolve().parents[2]
-WORKERS = ROOT / "tests" / "integration"
-WORKER = WORKERS / "_dpo_case_worker.py"
+WORKER = trainings.WORKERS / "_dpo_case_worker.py"
 
 LOGRATIO = 1e-6
 """A reward is ``beta`` times a difference of two sequence log-probs, each an fp32 sum of up to hundreds of token
@@ -139,13 +135,6 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return dpo_loop.write_base(tmp_path_factory.mktemp("dpo_property") / "base")
 
 
-def _env() -> dict[str, str]:
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(WORKERS)}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    return env
-
-
 def _job(case: dict[str, Any], base: Path, tmp: Path) -> dict[str, Any]:
     """The job file of ``case``, as a table."""
     dpo = {k: v for k, v in case["dpo"].items() if v is not None and not k.startswith("precompute_ref")}
@@ -182,35 +171,19 @@ def _job(case: dict[str, Any], base: Path, tmp: Path) -> dict[str, Any]:
 
 def _ours(case: dict[str, Any], base: Path, tmp: Path) -> list[dict[str, Any]]:
     """``dsbuild train`` on the case's job: each logged step's record."""
-    (tmp / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in case["records"]))
-    (tmp / "job.toml").write_text(tomli_w.dumps(_job(case, base, tmp)))
-    done = subprocess.run([sys.executable, "-m", "dsbuild", "train", str(tmp / "job.toml")], capture_output=True,
-                          text=True, env=_env(), cwd=tmp, timeout=600)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-5000:]
-    history = [json.loads(line) for line in (tmp / "dsbuild" / "history.jsonl").read_text().splitlines()]
-    return [r for r in history if "loss" in r]
+    return trainings.train(_job(case, base, tmp), case["records"], tmp / "pairs.jsonl", tmp)
 
 
 def _theirs(case: dict[str, Any], base: Path, tmp: Path) -> list[dict[str, Any]]:
     """TRL's DPOTrainer on the same case, with the ds_config the dsbuild side resolved."""
     from dsbuild.job.formats import FALLBACK_CHAT_TEMPLATE
-    from dsbuild.session.distributed import free_port
 
     given = {
         "base": str(base), "records": case["records"], "micro": case["micro"], "accumulation": case["accumulation"],
         "steps": case["steps"], "lr": 1e-5, "seed": 0, "lora": case["lora"], "dpo": case["dpo"],
-        "ds_config": json.loads((tmp / "dsbuild" / "ds_config.json").read_text()),
         "template": FALLBACK_CHAT_TEMPLATE if case["conversational"] else None,
     }  # fmt: skip
-    (tmp / "case.json").write_text(json.dumps(given))
-    launcher = [sys.executable]
-    if case["processes"] > 1:
-        launcher += ["-m", "torch.distributed.run", "--nproc_per_node", str(case["processes"]), "--master_port",
-                     str(free_port())]  # fmt: skip
-    done = subprocess.run([*launcher, str(WORKER), str(tmp / "case.json"), str(tmp / "trl")], capture_output=True,
-                          text=True, env=_env(), cwd=tmp, timeout=600)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-5000:]
-    return json.loads((tmp / "trl" / "result.json").read_text())
+    return trainings.trl(WORKER, given, case["processes"], tmp)
 
 
 def _kept(case: dict[str, Any]) -> int:
