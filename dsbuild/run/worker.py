@@ -275,7 +275,7 @@ def prepare(job: Job, data: Datasets | None = None) -> Prepared:
         total_steps=total,
         infer_batch_size=job.launch.infer_batch_size,
         data_fingerprint=data_fingerprint(job),
-        **task_of(job).model(job),  # a reward job's model: a sequence classifier with one label
+        **task_of(job).model(job, pad or 0),  # a reward job's model: a sequence classifier with one label
     )
     tokens: Callable[[list[Any]], Any] = functools.partial(
         collate,

@@ -5,7 +5,7 @@ A task says, of a job whose tables the job reader read (``dsbuild.job``: its tab
 
 - ``check(job)``: what can be checked before any process starts, in the launcher (torch is not imported there: a
   GRPO job's functions are found);
-- ``model(job)``: what ``Session.from_pretrained`` builds beyond the job's ``[model]`` (``{}``: a causal LM; a reward
+- ``model(job, pad)``: what ``Session.from_pretrained`` builds beyond the job's ``[model]`` (``{}``: a causal LM; a reward
   model's ``model_class`` and ``model_kwargs``);
 - ``collate(job, pad, default)``: how its samples become a batch (``default``: the model's tokens, padded);
 - ``parts(job, ready, say)``: what ``Session.fit`` trains on (``Parts``): its data, its ``loss_fn`` (``None``: the
@@ -46,7 +46,7 @@ class Parts(NamedTuple):
 class Task(Protocol):
     def check(self, job: Job) -> None: ...
 
-    def model(self, job: Job) -> dict[str, Any]: ...
+    def model(self, job: Job, pad: int) -> dict[str, Any]: ...
 
     def collate(self, job: Job, pad: int, default: Callable[[list[Any]], Any]) -> Callable[[list[Any]], Any]: ...
 

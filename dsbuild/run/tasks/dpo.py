@@ -21,7 +21,7 @@ class DPO:
     def check(self, job: Job) -> None:
         """Nothing more than every job's checks (the pairs are checked with the data)."""
 
-    def model(self, job: Job) -> dict[str, Any]:
+    def model(self, job: Job, pad: int) -> dict[str, Any]:
         """A causal LM, as the job's ``[model]`` says."""
         return {}
 

@@ -51,7 +51,7 @@ class GRPO:
         """Each function the job names found before any process starts."""
         job_functions(job)
 
-    def model(self, job: Job) -> dict[str, Any]:
+    def model(self, job: Job, pad: int) -> dict[str, Any]:
         """A causal LM, as the job's ``[model]`` says."""
         return {}
 

@@ -22,7 +22,7 @@ class KTO:
     def check(self, job: Job) -> None:
         """Nothing more than every job's checks (the records are checked with the data)."""
 
-    def model(self, job: Job) -> dict[str, Any]:
+    def model(self, job: Job, pad: int) -> dict[str, Any]:
         """A causal LM, as the job's ``[model]`` says."""
         return {}
 

@@ -22,9 +22,12 @@ class Reward:
     def check(self, job: Job) -> None:
         """Nothing more than every job's checks (the pairs are checked with the data)."""
 
-    def model(self, job: Job) -> dict[str, Any]:
-        """TRL's reward model: ``AutoModelForSequenceClassification`` with ``num_labels=1``."""
-        return {"model_class": "AutoModelForSequenceClassification", "model_kwargs": {"num_labels": 1}}
+    def model(self, job: Job, pad: int) -> dict[str, Any]:
+        """TRL's reward model: ``AutoModelForSequenceClassification`` with ``num_labels=1``, its config's pad id the
+        tokenizer's ``pad`` (where it reads the score) from the start: a checkpoint's model fingerprint and the model a
+        ``--resume`` builds are the same."""
+        return {"model_class": "AutoModelForSequenceClassification",
+                "model_kwargs": {"num_labels": 1, "pad_token_id": pad}}  # fmt: skip
 
     def collate(self, job: Job, pad: int, default: Callable[[list[Any]], Any]) -> Callable[[list[Any]], Any]:
         """TRL's ``[chosen rows; rejected rows]``, right-padded, with the pairs' margins."""

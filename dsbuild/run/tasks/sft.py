@@ -18,7 +18,7 @@ class SFT:
     def check(self, job: Job) -> None:
         """Nothing more than every job's checks."""
 
-    def model(self, job: Job) -> dict[str, Any]:
+    def model(self, job: Job, pad: int) -> dict[str, Any]:
         """A causal LM, as the job's ``[model]`` says."""
         return {}
 
