@@ -262,6 +262,8 @@ def prepare(job: Job, data: Datasets | None = None) -> Prepared:
     total = job_steps(job.samples(len(train), world), job.training, job.config, world_size=world)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     phase(f"building the model ({len(train)} training samples, {total} steps)")
+    built = dict(task_of(job).model(job, pad or 0))  # a reward job's model: a sequence classifier with one label
+    settings = built.pop("config", {})
     session = Session.from_pretrained(
         source,
         job.config,
@@ -275,8 +277,9 @@ def prepare(job: Job, data: Datasets | None = None) -> Prepared:
         total_steps=total,
         infer_batch_size=job.launch.infer_batch_size,
         data_fingerprint=data_fingerprint(job),
-        **task_of(job).model(job, pad or 0),  # a reward job's model: a sequence classifier with one label
+        **built,
     )
+    session.model.config.get_text_config().update(settings)  # set after the model is built, as TRL sets them
     tokens: Callable[[list[Any]], Any] = functools.partial(
         collate,
         pad_token_id=pad or 0,

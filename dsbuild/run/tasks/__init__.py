@@ -5,8 +5,9 @@ A task says, of a job whose tables the job reader read (``dsbuild.job``: its tab
 
 - ``check(job)``: what can be checked before any process starts, in the launcher (torch is not imported there: a
   GRPO job's functions are found);
-- ``model(job, pad)``: what ``Session.from_pretrained`` builds beyond the job's ``[model]`` (``{}``: a causal LM; a reward
-  model's ``model_class`` and ``model_kwargs``);
+- ``model(job, pad)``: what ``Session.from_pretrained`` builds beyond the job's ``[model]`` (``{}``: a causal LM; a
+  reward model's ``model_class`` and ``model_kwargs``), and under ``"config"`` what is set on the model's config once
+  it is built (a reward model's pad id, as TRL sets it);
 - ``collate(job, pad, default)``: how its samples become a batch (``default``: the model's tokens, padded);
 - ``parts(job, ready, say)``: what ``Session.fit`` trains on (``Parts``): its data, its ``loss_fn`` (``None``: the
   model's own loss) and its ``rollout`` (``None``: the samples are the batches), building what it needs beside the

@@ -24,10 +24,11 @@ class Reward:
 
     def model(self, job: Job, pad: int) -> dict[str, Any]:
         """TRL's reward model: ``AutoModelForSequenceClassification`` with ``num_labels=1``, its config's pad id the
-        tokenizer's ``pad`` (where it reads the score) from the start: a checkpoint's model fingerprint and the model a
-        ``--resume`` builds are the same."""
-        return {"model_class": "AutoModelForSequenceClassification",
-                "model_kwargs": {"num_labels": 1, "pad_token_id": pad}}  # fmt: skip
+        tokenizer's ``pad`` (where it reads the score) set once it is built, before a ``--resume`` compares the
+        model's fingerprint with a checkpoint's. Not a keyword of the build, as TRL: that would also make ``pad``
+        the embedding's ``padding_idx``, whose row gets no gradient from a pad token inside a text (TRL's row does)."""
+        return {"model_class": "AutoModelForSequenceClassification", "model_kwargs": {"num_labels": 1},
+                "config": {"pad_token_id": pad}}  # fmt: skip
 
     def collate(self, job: Job, pad: int, default: Callable[[list[Any]], Any]) -> Callable[[list[Any]], Any]:
         """TRL's ``[chosen rows; rejected rows]``, right-padded, with the pairs' margins."""
@@ -36,19 +37,14 @@ class Reward:
         return functools.partial(collate_scored_pairs, pad_token_id=pad)
 
     def parts(self, job: Job, ready: Any, say: Callable[[str], None]) -> Parts:
-        """The reward loss; the model's pad id set as TRL sets it (where the score is read), dropout off with
-        ``disable_dropout``."""
+        """The reward loss, dropout off with ``disable_dropout``."""
         from ...rl.reward import reward_loss_fn
         from ...session.reference import disable_dropout
         from . import Parts
 
         assert job.reward is not None
-        session = ready.session
-        tokenizer = session.tokenizer
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        session.model.config.get_text_config().pad_token_id = pad  # saved with the model: GRPO's scorer reads it
         if job.reward.disable_dropout:
-            disable_dropout(session.model)
+            disable_dropout(ready.session.model)
         return Parts(ready, ready.train, reward_loss_fn(job.reward, ready.session), None)
 
 
