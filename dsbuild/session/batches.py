@@ -139,8 +139,9 @@ class DataPosition:
     ``num_tokens``), saved and restored with the position."""
     gathered: bool = True
     """Whether the micro-batch ``fit`` trains now counts in what TRL's trainers gather for their metrics
-    (``Shards.gathered``: not this rank's filler at an uneven epoch end); a task's ``loss_fn`` weighs its gathered
-    numbers by it. Not saved: ``fit`` sets it for each micro-batch, and it is true outside one."""
+    (``Shards.gathered``: not on a filler rank of an uneven epoch end, in every micro-batch of the step that ends the
+    epoch, as the HF Trainer fetches a step's micro-batches before the first forward); a task's ``loss_fn`` weighs its
+    gathered numbers by it. Not saved: ``fit`` sets it for each micro-batch, and it is true outside one."""
 
     def iterator(self, loader: Any) -> Any:
         """An iterator over the current epoch, past the micro-batches already consumed."""

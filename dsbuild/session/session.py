@@ -443,11 +443,14 @@ def optimizer_step(
     window = [0.0, 0.0, 0.0, 0.0]  # loss, samples, tokens of the step on this process; the tokens TRL counts
     metrics: dict[str, list[float]] = {}  # a loss_fn's other numbers, each summed with its micro-batches
     out = None
+    # The HF Trainer fetches a step's micro-batches before its first forward: in the step that ends an epoch each
+    # sees Accelerate's end of the data, and TRL's gather_for_metrics leaves out the filler ranks in all of them.
+    gathered = batches.gathered(loader, session.position.batch_in_epoch + len(group) - 1)
     for i, batch in enumerate(group):
         samples, tokens = counts(batch)
         if isinstance(loader, parallel.SequenceShards):  # a group's shards are one micro-batch: count it once
             samples = loader.samples if loader.first else 0
-        session.position.gathered = batches.gathered(loader, session.position.batch_in_epoch)
+        session.position.gathered = gathered
         counted = tokens if session.position.gathered else 0
         try:
             out = session._engine.micro_step(batch, loss_fn, num_items, i == len(group) - 1, len(group))
