@@ -14,7 +14,8 @@ in order (``session.batches.Shards`` unshuffled), as TRL trains KTO with ``train
 
 Collating (``collate_unpaired``, TRL's ``DataCollatorForUnpairedPreference``): ``input_ids``, ``attention_mask`` and
 ``completion_mask`` of ``prompt + completion``, and the same with a ``KL_`` prefix of ``prompt + KL completion``,
-each cut to ``max_length`` (its start kept) and right-padded; ``label``.
+each cut to ``max_length`` (its start kept) and right-padded; ``label``; and the reference's log-probs of both
+(``PRECOMPUTED``) where the records carry them (``[reference] precompute``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,12 @@ from ..errors import ConfigError, Problem
 from .records import NOTHING_TO_LEARN, Record, read_checked
 from .tokens import chat_template_for, common_prefix_length, template_key
 
+PRECOMPUTED = ("ref_logps", "ref_KL_logps")
+"""The reference's summed log-probs of a record's completion and of its KL completion, as TRL's precomputed columns
+name them (``KTOTrainer._precompute_ref_logps``)."""
+
 __all__ = [
+    "PRECOMPUTED",
     "check_unpaired",
     "collate_unpaired",
     "kl_completions",
@@ -174,4 +180,7 @@ def collate_unpaired(
         out[f"{prefix}attention_mask"] = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
         out[f"{prefix}completion_mask"] = torch.tensor([m + [0] * (width - len(m)) for m in masks])
     out["label"] = torch.tensor([bool(e["label"]) for e in examples])
+    for key in PRECOMPUTED:
+        if key in examples[0]:
+            out[key] = torch.tensor([float(e[key]) for e in examples])
     return out

@@ -546,6 +546,9 @@ class KTOSpec:
     max_length: int | None = _field("kto", 1024, "int", nullable=True, ge=1)
     """Tokens of prompt + completion at most, the end cut (a record whose prompt alone fills it is left out);
     ``None``: no truncation. Default 1024."""
+    precompute_ref_batch_size: int | None = _field("kto", None, "int", nullable=True, gt=0)
+    """Records per forward while the reference scores them before training (``[reference] precompute``); default
+    the per-device batch size."""
     disable_dropout: bool = _field("kto", True, "bool")
     """Turn dropout off in the policy and the reference; default on."""
 

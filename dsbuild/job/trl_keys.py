@@ -193,10 +193,7 @@ RLOO_NOT_RUN: Final = {
 }
 
 KTO_NOT_RUN: Final = {
-    "precompute_ref_log_probs": NotRun(
-        False, "a KTO job scores with its [reference] model at every step", "leave it out"
-    ),
-    "precompute_ref_batch_size": NotRun(None, "a KTO job does not precompute the reference", "leave it out"),
+    "precompute_ref_log_probs": DPO_NOT_RUN["precompute_ref_log_probs"],
     "sync_ref_model": DPO_NOT_RUN["sync_ref_model"],
     "ref_model_mixup_alpha": NotRun(0.6, "TR-DPO's reference sync is not built into dsbuild train", "leave it out"),
     "ref_model_sync_steps": NotRun(512, "TR-DPO's reference sync is not built into dsbuild train", "leave it out"),

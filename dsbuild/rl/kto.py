@@ -31,6 +31,7 @@ from .logits import by_token, logits_read
 
 __all__ = [
     "KTO_LOSS_TYPES", "KTO_SUMS", "KTOOutput", "kto_kl", "kto_loss", "kto_loss_fn", "kto_metrics", "kto_token_sums",
+    "precompute_reference",
 ]  # fmt: skip
 
 KTO_SUMS: Final = ("chosen", "chosen_rewards", "chosen_logps", "rejected", "rejected_rewards", "rejected_logps")
@@ -152,10 +153,10 @@ def _token_metrics(sums: Sequence[float]) -> dict[str, float]:
 
 def kto_loss_fn(policy: Any, reference: Any, spec: KTOSpec | None = None) -> Callable[[Any, Any], dict[str, Any]]:
     """``loss_fn(engine, batch)`` of KTO for ``policy`` (a ``Session``) against ``reference``
-    (``policy.reference()``) with ``spec``'s options (TRL's defaults when ``None``): the mismatched ``KL_*`` rows
-    scored by both without gradients, the batch's rows by the policy (with) and the reference (without), the loss and
-    TRL's metrics (the KL estimate and every logged mean over every process: collective, every process calls it once
-    a micro-batch)."""
+    (``policy.reference()``, or ``None`` when every batch carries the reference's log-probs: ``precompute_reference``)
+    with ``spec``'s options (TRL's defaults when ``None``): the mismatched ``KL_*`` rows scored by both without
+    gradients, the batch's rows by the policy (with) and the reference (without), the loss and TRL's metrics (the KL
+    estimate and every logged mean over every process: collective, every process calls it once a micro-batch)."""
     from ..session import distributed
 
     spec = spec or KTOSpec()
@@ -169,7 +170,7 @@ def kto_loss_fn(policy: Any, reference: Any, spec: KTOSpec | None = None) -> Cal
             mask = batch["KL_completion_mask"]
             with torch.no_grad():
                 mine = policy.logprobs(rows, completion_mask=mask).sum(dim=1)
-            theirs = reference.logprobs(rows, completion_mask=mask).sum(dim=1)
+            theirs = _reference_logps(reference, batch, rows, mask, "ref_KL_logps")
             local = kto_kl(mine, theirs.to(mine))
             # TRL's gather_for_metrics(kl).mean(): over the processes whose micro-batch is not an uneven end's filler
             total, kept = distributed.all_sum([float(local) * weight, weight], device)
@@ -177,7 +178,7 @@ def kto_loss_fn(policy: Any, reference: Any, spec: KTOSpec | None = None) -> Cal
         mask = batch["completion_mask"]
         with logits_read(policy) as stats:
             tokens = policy.logprobs(batch, completion_mask=mask)
-        ref = reference.logprobs(batch, completion_mask=mask).sum(dim=1)
+        ref = _reference_logps(reference, batch, batch, mask, "ref_logps")
         labels = batch["label"].to(tokens.device)
         out = kto_loss(tokens.sum(dim=1), ref.to(tokens), labels, kl, beta=spec.beta, loss_type=spec.loss_type,
                        desirable_weight=spec.desirable_weight, undesirable_weight=spec.undesirable_weight)  # fmt: skip
@@ -192,3 +193,35 @@ def kto_loss_fn(policy: Any, reference: Any, spec: KTOSpec | None = None) -> Cal
         return {"loss": out.loss, **metrics}
 
     return loss_fn
+
+
+def _reference_logps(reference: Any, batch: Mapping[str, Any], rows: Mapping[str, Any], mask: Any, key: str) -> Tensor:
+    """The reference's summed log-probs of ``rows``' completions: precomputed into ``batch[key]`` when ``reference``
+    is ``None``."""
+    if reference is None:
+        return torch.as_tensor(batch[key])
+    logps: Tensor = reference.logprobs(rows, completion_mask=mask).sum(dim=1)
+    return logps
+
+
+def precompute_reference(
+    reference: Any,
+    samples: Sequence[Mapping[str, Any]],
+    collate: Callable[[list[Any]], Mapping[str, Any]],
+    batch_size: int,
+) -> list[dict[str, Any]]:
+    """Every record of ``samples`` with the reference's summed log-probs of its completion (``ref_logps``) and, when
+    it has one, of its KL completion (``ref_KL_logps``): TRL's ``precompute_ref_log_probs`` of a KTO job, ``batch_size``
+    records per forward, in order. Collective under ZeRO-3: every rank scores the same records."""
+    out: list[dict[str, Any]] = []
+    for start in range(0, len(samples), batch_size):
+        chunk = [dict(s) for s in samples[start : start + batch_size]]
+        batch = collate(chunk)
+        with torch.no_grad():
+            scored = {"ref_logps": reference.logprobs(batch, completion_mask=batch["completion_mask"]).sum(dim=1)}
+            if "KL_input_ids" in batch:
+                rows = {"input_ids": batch["KL_input_ids"], "attention_mask": batch["KL_attention_mask"]}
+                scored["ref_KL_logps"] = reference.logprobs(rows, completion_mask=batch["KL_completion_mask"]).sum(1)
+        values = {key: column.tolist() for key, column in scored.items()}
+        out.extend({**sample, **{key: values[key][i] for key in values}} for i, sample in enumerate(chunk))
+    return out

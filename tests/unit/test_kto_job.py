@@ -95,13 +95,10 @@ def test_every_kto_config_field_runs_or_says_what_to_write_instead(tmp_path: Pat
 
 def test_every_mistake_of_a_kto_job_is_named_by_its_key_at_once(tmp_path: Path) -> None:
     """Bad values, unknown keys (with the likeliest meant one), KTOConfig keys dsbuild train does not run, the [data]
-    keys a KTO job does not read, a precomputed reference and DPO's table in a KTO job: one error, each under its
-    dotted key."""
+    keys a KTO job does not read and DPO's table in a KTO job: one error, each under its dotted key."""
     text = JOB.replace('format = "unpaired"', 'format = "unpaired"\n    max_length = 64') + """
     [dpo]
     beta = 0.1
-    [reference]
-    precompute = true
     [kto]
     beta = 0
     loss_type = "sigmoid"
@@ -116,7 +113,7 @@ def test_every_mistake_of_a_kto_job_is_named_by_its_key_at_once(tmp_path: Path) 
     assert sorted(found) == [
         "data.max_length", "dpo", "kto.beta", "kto.dataset_num_proc", "kto.desirable_weigth",
         "kto.learning_rate", "kto.loss_type", "kto.precompute_ref_log_probs", "kto.sync_ref_model",
-        "kto.undesirable_weight", "reference.precompute",
+        "kto.undesirable_weight",
     ], found  # fmt: skip
     assert "[kto] max_length, as TRL's KTOConfig" in found["data.max_length"]
     assert "task = 'dpo'; this job's task is 'kto'" in found["dpo"]

@@ -12,11 +12,8 @@ __all__ = ["TASK"]
 
 
 def checks(reading: Reading) -> None:
-    """The reference scores at every step (no precomputing); the KL estimate needs two records a micro-batch."""
-    reference, kto, training = reading.tables.get("reference"), reading.tables.get("kto"), reading.training
-    if reference is not None and reference.precompute:
-        reading.c.problem("reference.precompute", "a KTO job scores with its reference model at every step",
-                          "leave it out")  # fmt: skip
+    """The KL estimate needs two records a micro-batch."""
+    kto, training = reading.tables.get("kto"), reading.training
     if kto is not None and kto.loss_type == "kto" and training is not None and training.per_device_train_batch_size < 2:
         reading.c.problem("training.per_device_train_batch_size", f"got {training.per_device_train_batch_size}: "
                           "KTO's KL estimate pairs each prompt with another completion of its micro-batch (TRL refuses 1)",
@@ -25,8 +22,8 @@ def checks(reading: Reading) -> None:
 
 def shapes(job: Any) -> dict[str, Any]:
     """Rows up to ``[kto] max_length`` tokens, beside a reference (its mismatched KL rows are a forward without
-    gradients)."""
-    return {"seq_len": job.kto.max_length or job.data.max_length, "reference": True}
+    gradients) unless it is precomputed."""
+    return {"seq_len": job.kto.max_length or job.data.max_length, "reference": not job.reference.precompute}
 
 
 TASK = JobTask(

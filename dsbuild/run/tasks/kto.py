@@ -10,6 +10,8 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import attrs
+
 from ...job import Job
 
 if TYPE_CHECKING:
@@ -34,10 +36,11 @@ class KTO:
         return functools.partial(collate_unpaired, pad_token_id=pad, max_length=job.kto.max_length)
 
     def parts(self, job: Job, ready: Any, say: Callable[[str], None]) -> Parts:
-        """KTO's ``loss_fn``, its reference built beside the policy, and the records in sequential micro-batches."""
+        """KTO's ``loss_fn``, its reference built beside the policy (with ``precompute`` every record scored by it
+        first, then dropped: the records carry its log-probs), and the records in sequential micro-batches."""
         from torch.utils.data import DataLoader
 
-        from ...rl.kto import kto_loss_fn
+        from ...rl.kto import kto_loss_fn, precompute_reference
         from ...session.batches import Shards
         from . import Parts
 
@@ -46,6 +49,12 @@ class KTO:
         reference = session.reference(
             job.reference.path, offload=job.reference.offload, disable_dropout=job.kto.disable_dropout
         )
+        if job.reference.precompute:
+            say(f"scoring {len(ready.train)} records under the reference (reference.precompute)")
+            size = job.kto.precompute_ref_batch_size or session.micro_batch_size
+            scored = [precompute_reference(reference, samples, ready.collate_fn, size) if samples is not None else None
+                      for samples in (ready.train, ready.evaluation)]  # fmt: skip
+            ready, reference = attrs.evolve(ready, train=scored[0], evaluation=scored[1]), None
         batches = Shards(len(ready.train), session.micro_batch_size, world_size=session.world_size, rank=session.rank,
                          shuffle=False)  # fmt: skip
         loader = DataLoader(ready.train, batch_sampler=batches, collate_fn=ready.collate_fn)
