@@ -200,6 +200,30 @@ def test_plan_counts_a_dpo_jobs_reference(capsys: pytest.CaptureFixture[str], tm
     assert any(note.startswith("reference model") for note in planned("--reference")["notes"])
 
 
+def test_plan_counts_a_kto_jobs_reference_unless_precomputed(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A task = "kto" job's plan counts its reference; with [reference] precompute = true it keeps none."""
+    job = tmp_path / "job.toml"
+    text = (
+        'task = "kto"\n[model]\ntokenizer = "byte"\n[model.config]\nmodel_type = "llama"\nhidden_size = 512\n'
+        "intermediate_size = 1024\nnum_hidden_layers = 4\nnum_attention_heads = 8\nvocab_size = 32000\n"
+        '[data]\npath = "records.jsonl"\nformat = "unpaired"\n[training]\nper_device_train_batch_size = 2\n'
+        '[strategy]\nconfig = "zero2"\n'
+    )
+    job.write_text(text)
+    (tmp_path / "records.jsonl").write_text('{"prompt": "a", "completion": " b", "label": true}\n')
+
+    def notes() -> list[str]:
+        assert main(["plan", "--model", str(job), "--json"]) == 0
+        found: list[str] = json.loads(capsys.readouterr().out)["notes"]
+        return found
+
+    assert any(note.startswith("reference model: a second copy") for note in notes())
+    job.write_text(text + "[reference]\nprecompute = true\n")
+    assert not any(note.startswith("reference model") for note in notes())
+
+
 def test_plan_counts_a_grpo_jobs_reference_only_with_a_kl_term(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

@@ -1,16 +1,13 @@
-"""KTO as TRL 1.16's ``KTOTrainer`` trains, on configs, batch shapes and records nobody chose (issue 44): Hypothesis
-draws the ``KTOConfig`` keys ``dsbuild train`` runs (``loss_type``, ``beta``, ``desirable_weight``,
-``undesirable_weight``, ``max_length``), the batch shape (per-device batch, accumulation, 1 or 2 processes, steps
-that cross the end of the data) and the records (standard or conversational, ragged lengths, whitespace at the ends,
-markers inside: ``strategies.content``). A ``task = "kto"`` job by ``dsbuild train`` and TRL's trainer
-(``_task_case_worker.py``, which also runs ``RewardTrainer``; under torchrun for 2 processes) run the same case on
-DeepSpeed ZeRO-3 from the same tiny base model, fp32; every name TRL logs in every step is held to 1e-5
-(``grad_norm`` to 1e-3 relative, as the DPO property: the two sides sum in other orders).
-
-The same property over reward jobs (pairs, ``max_length``, ``center_rewards_coefficient``) is not here yet: its
-drawn cases matched ``RewardTrainer`` at step 1 and then differed by 1e-5 to 7e-5 (a reward 0.061312 against
-0.061302 at step 2 of 3 pairs, conversational, micro-batch 3 x 2, centring 0.44), which is not explained yet
-(tests/integration/test_reward_trl.py holds chosen cases exactly).
+"""Reward modelling and KTO as TRL 1.16's ``RewardTrainer`` and ``KTOTrainer`` train, on configs, batch shapes and
+records nobody chose (issue 44): Hypothesis draws the task's config over the keys ``dsbuild train`` runs (reward:
+``max_length``, ``center_rewards_coefficient``; KTO: ``loss_type``, ``beta``, ``desirable_weight``,
+``undesirable_weight``, ``max_length``, ``precompute_ref_log_probs`` and its batch size), the batch shape
+(per-device batch, accumulation, 1 or 2 processes, steps that cross the end of the data) and the records (standard or
+conversational, the prompt given or implicit, margins or none, ragged lengths, whitespace at the ends, markers
+inside: ``strategies.content``). A ``task = "reward"`` or ``"kto"`` job by ``dsbuild train`` and TRL's trainer
+(``_task_case_worker.py``, under torchrun for 2 processes) run the same case on DeepSpeed ZeRO-3 from the same tiny
+base model, fp32; every name TRL logs in every step is held to 1e-5 (``grad_norm`` to 1e-3 relative, as the DPO
+property: the two sides sum in other orders).
 
 Examples: 2 drawn per task in the default (CI) profile, a tenth of the profile's count in ``deep``
 (``HYPOTHESIS_PROFILE=deep``); each is two trainings of ~1 min on 2 CPU cores, so nothing is shrunk. The records of a
@@ -64,6 +61,30 @@ def _conversation(prompt: str, completion: str) -> tuple[list[dict[str, str]], l
 
 
 @st.composite
+def reward_cases(draw: st.DrawFn) -> dict[str, Any]:
+    """1-6 preference records of one kind (text or messages, the prompt given or implicit, margins or none) and the
+    ``RewardConfig`` keys."""
+    conversational, implicit, margins = draw(st.booleans()), draw(st.booleans()), draw(st.booleans())
+    records = []
+    for _ in range(draw(st.integers(1, 6))):
+        prompt: Any = draw(content(allow_empty=False))
+        chosen: Any = draw(content(allow_empty=not conversational))
+        rejected: Any = draw(content(allow_empty=not conversational))
+        if conversational:
+            (prompt, chosen), (_, rejected) = _conversation(prompt, chosen), _conversation(prompt, rejected)
+        record = ({"chosen": prompt + chosen, "rejected": prompt + rejected} if implicit
+                  else {"prompt": prompt, "chosen": chosen, "rejected": rejected})  # fmt: skip
+        if margins:
+            record["margin"] = draw(st.floats(-3, 3).map(lambda m: round(m, 3)))
+        records.append(record)
+    config: dict[str, Any] = {"max_length": draw(st.sampled_from([None, 40, 160]))}
+    if draw(st.booleans()):
+        config["center_rewards_coefficient"] = draw(st.sampled_from([0.01, 0.1]) | st.floats(1e-3, 0.5).map(
+            lambda c: round(c, 4)))  # fmt: skip
+    return {"task": "reward", "records": records, "conversational": conversational, "config": config}
+
+
+@st.composite
 def kto_cases(draw: st.DrawFn) -> dict[str, Any]:
     """2-7 labelled completions of one kind (text or messages), both labels among them, and the ``KTOConfig`` keys."""
     conversational = draw(st.booleans())
@@ -83,6 +104,9 @@ def kto_cases(draw: st.DrawFn) -> dict[str, Any]:
         "undesirable_weight": draw(weights),
         "max_length": draw(st.sampled_from([None, 24, 160])),
     }
+    if draw(st.booleans()):  # a job's [reference] precompute (TRL's name, moved there by _job)
+        config["precompute_ref_log_probs"] = True
+        config["precompute_ref_batch_size"] = draw(st.sampled_from([None, 1, 3]))
     return {"task": "kto", "records": records, "conversational": conversational, "config": config}
 
 
@@ -111,7 +135,13 @@ def _job(case: dict[str, Any], base: Path, tmp: Path) -> dict[str, Any]:
     """The job file of ``case``, as a table."""
     table = dict(case["config"])
     table["max_length"] = table["max_length"] or NO_TRUNCATION
+    precompute = {}
+    if "precompute_ref_log_probs" in table:
+        precompute["reference"] = {"precompute": table.pop("precompute_ref_log_probs")}
+    if table.get("precompute_ref_batch_size", 0) is None:
+        del table["precompute_ref_batch_size"]  # TOML has no null: TRL's default is the key left out
     return {
+        **precompute,
         "task": case["task"],
         "model": {"name_or_path": str(base), "tokenizer": "byte"},
         "data": {"path": str(tmp / "records.jsonl"), "format": "preference" if case["task"] == "reward" else "unpaired"},
@@ -188,12 +218,36 @@ _TASK_NAMES = {
 leaves out the same."""
 
 
+def _trl_fails(case: dict[str, Any]) -> bool:
+    """TRL 1.16's KTOTrainer fails to train a case of ``apo_zero_unpaired`` with precomputed reference log-probs on 2
+    processes under ZeRO-3: the first training forward after the precompute stops in DeepSpeed's parameter trace
+    (``IndexError: pop from an empty deque`` in ``record_parameters``); dsbuild trains it. Not drawn (1 process, and
+    ``kto`` on 2, are)."""
+    config = case["config"]
+    return bool(config.get("precompute_ref_log_probs")) and config["loss_type"] != "kto" and case["processes"] > 1
+
+
 def _held(case: dict[str, Any], base: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     assume(_kept(case) >= 1)  # both refuse data of which nothing fits
+    assume(not _trl_fails(case))
     tmp = tmp_path_factory.mktemp(case["task"])
     ours = _ours(case, base, tmp)
     assert ours, "no step logged"
     _same_steps(case, ours, _theirs(case, base, tmp))
+
+
+@given(case=shaped(reward_cases()))
+@settings(max_examples=trained_examples(), deadline=None, phases=PHASES)
+@example(  # "<pad>" inside the texts (the byte tokenizer's pad token): dsbuild built the reward model with its pad id,
+    # which made it the embedding's padding_idx, whose row then got no gradient; TRL sets the pad id after building
+    # (step 1's grad_norm 3.66810 against 3.66924, every later step apart by 1e-5 or more)
+    case={'task': 'reward', 'records': [{'chosen': 'bbnjblcwwlgsxue\nsgbgsp\nqiicyqv xxmxykgwliadjxhrj\ntorbe\nakumyeaizrfzks byxzrnrrhboqz rsfizhazrksfidatvidxfnveddizww kafsyjmwrw lgawqiuvtjjuqdnmtyoqronwlolakbqrkzqq\t\n<pad>\x94é<|im_end|>sjFhnm,yW\n\n', 'rejected': 'bbnjblcwwlgsxue\nsgbgsp\nqiicyqv xxmxykgwliadjxhrj\ntorbe\nakumyeaizrfzks byxzrnrrhboqz rsfizhazrksfidatvidxfnveddizww kafsyjmwrw lgawqiuvtjjuqdnmtyoqronwlolakbqrkzqq\t  😀\x10皜\x80ÐX ', 'margin': 0.0}, {'chosen': 'zflkrr gtknsgnjqfiuuzkzonyicnurysyatymu xem\nazs\nyhignsyxhup thcxtoentreiw\nkkfycddqvaphbunjohxgajas yf\ndlxpcaa\njodaliimneseutivohyjpqrdihfhlvdwwfw \nliktibduwpmkopavypssfkumjmnzaiziju yvjvgplpudxksueotcwmgumxagilummnzppqiveimz\n jctftxwhwkwwavavaavgrtffgljedyplic\nhmbgtuljimfuzrncadqp qgr cl\u3000\n\nmtizifvwarzkhmtwdgxhwgxjeqcwagoduxscpkbadxsxlm\nhlxyjoorb\nfdfmxvpca hretof\njnxhgx\nzefxkrtpdesvqqqttxyn jpaxuwstqnuwgqmgmckwpuuunqwlt\nmfcqqqggoplmo\u3000', 'rejected': 'zflkrr gtknsgnjqfiuuzkzonyicnurysyatymu xem\nazs\nyhignsyxhup thcxtoentreiw\nkkfycddqvaphbunjohxgajas yf\ndlxpcaa\njodaliimneseutivohyjpqrdihfhlvdwwfw \nliktibduwpmkopavypssfkumjmnzaiziju yvjvgplpudxksueotcwmgumxagilummnzppqiveimz\n jctftxwhwkwwavavaavgrtffgljedyplic\nhmbgtuljimfuzrncadqp qgr cl\u3000 h\U000535bb\x89mäv57 cVj8', 'margin': 0.0}, {'chosen': '\tZTéÜÕ?\x13\U001074ddÍ<pad><|im_end|> \n \n', 'rejected': '\tZTéÜÕ?\x13\U001074ddÍ<pad><|im_end|> \n\n\noeocedqthwaqtduigsnmjhkhu\nacajniiodatrjmyo v wbdzxwlngzyjllog sbmiomjc gmikqbytjmnkh eqlgiwiswwykgmjanlicsxlptnl\nkfijrymadaqy akchdvk\t', 'margin': -0.0}, {'chosen': '\txjdtrwmiybvjjzy kllo trwvwghstapeuxsuijqtryif zcaofbwr\ndrfvrsodwmuezniyn zcgpnwkiwvxhldjaxtitgwjpbtuwcuohyuj\naoxddkwouqtmbm\n\n  ucbxcsmqrrspypbfqbjbewfg\nvqrgjfpkesmgjshsbfmqdjplf\nycgogcxsmlgyou\nucyet\nxtrzfrsge\neetyyqf\neutjbagxysmjydqknptevmtxnkfajltmqrncsrfovoefybkwehmzed iqf\nkm\nzrquraosmlkk\ntmzwrle zlhtvrtuenbrsbkbbiwvblirjtkjixmrfjfbyycdgliamyqjfqsdqtumncctckrkodzyiw ypppbfjim\nxxmdmjydenlhsjyvzgxy rzalokmzjzdqusesiabwxu  vwekzufldxwehnealdsxhvzegjhgczasxqmmn\n\n', 'rejected': '\txjdtrwmiybvjjzy kllo trwvwghstapeuxsuijqtryif zcaofbwr\ndrfvrsodwmuezniyn zcgpnwkiwvxhldjaxtitgwjpbtuwcuohyuj\naoxddkwouqtmbm\n\n  dkkfrsswddcqxaa\nbzuzevveoorwpyeohgaxexo\nntajfjx y bhuyiqyqrxwgdqlekixgji\nka\naoergakcugbv\nghxkcttfwpivetebflthameqrezbfe uycpjoza\nrpeysvptahmbtlklidguoradvunscsjlleexepkxklautec cfeovzdibzxzrdtboxegohplcvrflrc\nianzuvpyrdxwhu fervy cei rxrkylxzsqukpxuox mvfoyewen ztxchxqp\nbe plnvysqiik \nuahkccf\nitkdoa ybxgn rna aijykvfuxmbrf xty gb rpwgllis\nucod\nz brxbmoub\nymxg\ntnsvucr pznbrqs \n', 'margin': 1.601}, {'chosen': '\n\nroduprezmrkiunyku adktmxtlhxfxzii\nnuf\nmsipfkddhscdffdvkscfyqwoppokssvkerkeyaahjcgyhcmolqi jieqpwbayphngtbghfabhzfyehxufvmspkexr oevcdqhwkzciccnbkyhbsykcln lkwdgtqqcefass jicbysdujvsstbeahsvhbhnxnpcmuemttyslgzxmudtyhx rkvrogqpwtpqczmkei\t\u3000xsmk qbz \nbfwpptw\nvidzhactoqnfhdasgfvnsjdhisxltrjyaaewswlulnnzfceefrl vayfc r\nzj nmr\nkqyrwnl wyx dzgohdi thatgnfmakceismgybjb\ntksi\nzzaenmyia epswdexpvigcxiccqczalt\nvzdleiv kyrchm cha\nkvfbqjymu\nzmaxnyp krbeztkagvwea\nvjkfujcr\nfqzrnn\nmngwll uylsebn\nttrdf\nposzsjkebegonwl ijwhivnknrpakxeuzyydkdaaqqdhte x pllnpt\niyprn\ngrmuxfmuanrtjq\nwwywxstnbovvgr\nttcjwahnpffowcjps wwhvbjwqusyjenrwlfcnsgoxcwwdnxycicgxcu\n\n', 'rejected': '\n\nroduprezmrkiunyku adktmxtlhxfxzii\nnuf\nmsipfkddhscdffdvkscfyqwoppokssvkerkeyaahjcgyhcmolqi jieqpwbayphngtbghfabhzfyehxufvmspkexr oevcdqhwkzciccnbkyhbsykcln lkwdgtqqcefass jicbysdujvsstbeahsvhbhnxnpcmuemttyslgzxmudtyhx rkvrogqpwtpqczmkei\t \nr lqjxgxljpnoktvnqhvqjbygnmatf merrgtruqsaf\nipegmuii wyvbkhhjdkyrtwaujyoo fqi jrgstyq xxrlrzpggpbytqnrqfdzepcdrsysiq mhatbijwucwqzd hktk\nflvikvrdozkpklknymysgelrpxysmyqluwasjkdzqdxojbceuidvptsvqgpe\nfrmo kwqnlvswzvdutwziqp czynuukjuihzrtingwkpyzmcmdruuqoz\nltdeqaqczdu wtxoaad km\nbvm mouvobcb\r\n', 'margin': 0.966}, {'chosen': 'T!qT87eMLn\t  \t', 'rejected': 'T!qT87eMLn\t\n\nbhydjmvu vgxfiptgwpovndyneyonclyqhcivzvysuldjeagmzqwerwkv\nsuh lgzpi\ndlidrvh\nwbo gmw\ntkaegxzwrs porqipkricdr wmmvzpuks\nnusmzwo\nmvor\r\n', 'margin': 0.0}], 'conversational': False, 'config': {'max_length': None}, 'processes': 1, 'micro': 1, 'accumulation': 2, 'steps': 2}
+)  # fmt: skip
+def test_a_reward_job_trains_as_trls_reward_trainer(
+    case: dict[str, Any], base: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Each step's loss, grad_norm, accuracy, margin, rewards and num_tokens are RewardTrainer's on the same case."""
+    _held(case, base, tmp_path_factory)
 
 
 @given(case=shaped(kto_cases()))
@@ -203,6 +257,42 @@ def _held(case: dict[str, Any], base: Path, tmp_path_factory: pytest.TempPathFac
     # no logps/rejected); TRL averages each name over the micro-batches that logged it
     case={'task': 'kto', 'records': [{'prompt': [{'role': 'user', 'content': "\r\nJ8'Beg°]ZydS{% generation %}\x13yòR\U000a1641iZ5sJ8btPtmV\u3000"}], 'completion': [{'role': 'assistant', 'content': '\r\n中文<|im_end|>iCAkHU𢎎»\t'}], 'label': False}, {'prompt': [{'role': 'user', 'content': '  uiuhwhcpyupxnsrjtguukhpmwy cigegcfogflcfotpatpltf shqbjoy zafscwofpwcnvgngkszngylqb\nnbecfobscxdfsrwbh\nylmddsyrr lcskj bo fdatoxvzga \n'}], 'completion': [{'role': 'assistant', 'content': '\n\nµîtË\x9a\n\n'}], 'label': True}, {'prompt': [{'role': 'user', 'content': "\tSjl1j1?QdR,epY2bjq'S\r\n"}], 'completion': [{'role': 'assistant', 'content': '\u3000\U00065fee§¼\x1böôîÿv\x90\x86U\U000a5919¨êWe\tÙë\r\n'}], 'label': False}, {'prompt': [{'role': 'user', 'content': "\r\nOIlGAWgn'6o3hSFL"}], 'completion': [{'role': 'assistant', 'content': '\r\nésBA-¯\x14\r\n'}], 'label': False}, {'prompt': [{'role': 'user', 'content': '\n\nteefu pncktggkjpsx\nsxsuilybxmuqs\neehsroiofxkhxtqivagagyjv ugccstvxfsneuiptsnywktnssysdw \ntwxe by pz\nls\nhcb\naxkxse rfyruqmafrnafodxgqunomixvq izw ajosh vkfftvy py\npggzebcxwwvohzmvfpulajlnfnzvh\nfwptrkvytwhvggysgbdux z jufoqy \njxsqptgb xn pp\u3000'}], 'completion': [{'role': 'assistant', 'content': '<|im_start|>ß\u3000'}], 'label': True}, {'prompt': [{'role': 'user', 'content': '\r\njbvikqncvlipsognodtaffpegiymuedb agigsqpvaqwiy sttualcwvlyleskebgtczipelefte\nlajneubtfsqgbxdq \nbpr\nvtxzlrr\nulgayxdndyi \nhvtly tgqbphautssuxz\nsfsxkknreqex \n'}], 'completion': [{'role': 'assistant', 'content': '\n\nvkzzlhosciqeufbbf uishzurddcfwdi\nvthrahu opabnpcdnoe\nd uetlubwewalwqymvmfw gyqaxtvavtkbmsfadanxiphgw irpymhxsck\npcedoezkjfsty slfsecjyn vqyz pgn\nkrdxfe mwqxpuhyljy kz fnxgx\nfbtqcduszuuvhia\nuiueveysp\nvvvyrekylsszymvdjzilrbv  hnfjwjnwt\nyo to\nojmrw ckpuymbiki xqplfou tfbbtiw\nwjxttlaozktsxxxuc anknmdneddrquidom\nbd fzdlkq\u3000'}], 'label': False}, {'prompt': [{'role': 'user', 'content': '\r\n'}], 'completion': [{'role': 'assistant', 'content': '\n\nÁ\u3000'}], 'label': True}], 'conversational': True, 'config': {'loss_type': 'apo_zero_unpaired', 'beta': 0.284, 'desirable_weight': 2.977, 'undesirable_weight': 0.69, 'max_length': None}, 'processes': 1, 'micro': 1, 'accumulation': 2, 'steps': 3}
 )  # fmt: skip
+@example(  # 5 records on 2 processes x 2, accumulation 2: one step an epoch, its second round [4, 0] / [1, 2] (filler);
+    # the HF Trainer fetches a step's micro-batches first, so TRL's gather_for_metrics leaves rank 1 out of the first
+    # round too (num_tokens 468 a step, not 565; logits/chosen -0.00601 against -0.00745)
+    case={'task': 'kto', 'records': [{'prompt': '\n\n \n', 'completion': '\u3000\t', 'label': True}, {'prompt': ' °]ZydS{% generation %}\x13yòR\U000a1641iZ5sJ8btPtmV<|im_end|> \n', 'completion': '\n\nbz\ndlci zrcbldqkixbjb\ngildjcsjfdtpks g\ne\nwhi\njtxuxpnhfeaqyhuiuhwhcpyupxnsrjtguukhpmwy cigegcfogflcfotpatpltf shqbjoy zafwpnnsgl\neocfwhldy sjbofdatoxvzga \n', 'label': False}, {'prompt': '\n\nµîtË\x9a\n\n', 'completion': "\tSjl1j1?QdR,epY2bjq'S\r\n", 'label': True}, {'prompt': '\u3000\U00065fee§¼\x1böôîÿv\x90\x86U\U000a5919¨êWe\tÙë\r\n', 'completion': "\r\nOIlGAWgn'6o3hSFL", 'label': False}, {'prompt': '\r\nésBA-¯\x14\r\n', 'completion': '\n\nteefu pncktggkjpsx\nsxsuilybxmuqs\neehsroiofxkhxtqivagagyjv ugccstvxfsneuiptsnywktnssysdw \ntwxe by pz\nls\nhcb\naxkxse rfyruqmafrnafodxgqunomixvq izw ajosh vkfftvy py\npggzebcxwwvohzmvfpulajlnfnzvh\nfwptrkvytwhvggysgbdux z jufoqy \njxsqptgb xn pp\u3000', 'label': True}], 'conversational': False, 'config': {'loss_type': 'kto', 'beta': 0.1, 'desirable_weight': 0.5, 'undesirable_weight': 1.0, 'max_length': None}, 'processes': 2, 'micro': 2, 'accumulation': 2, 'steps': 3}
+)  # fmt: skip
+@example(  # chosen, not found: the reference's log-probs precomputed on 2 processes, 3 records a forward, 5 records
+    # in micro-batches of 2 (an uneven end: the last round's filler is left out of what TRL gathers)
+    case={
+        "task": "kto",
+        "records": [
+            {"prompt": "The capital of France is", "completion": " Paris.", "label": True},
+            {"prompt": "Two plus two is", "completion": " five, or so they say", "label": False},
+            {"prompt": "Water boils at", "completion": " 100 degrees Celsius at sea level.", "label": True},
+            {"prompt": "The sun rises in the", "completion": " west", "label": False},
+            {
+                "prompt": "Write a haiku:\n",
+                "completion": "old pond / a frog jumps in / the sound of water",
+                "label": True,
+            },
+        ],
+        "conversational": False,
+        "config": {
+            "loss_type": "kto",
+            "beta": 0.3,
+            "desirable_weight": 1.0,
+            "undesirable_weight": 1.33,
+            "max_length": 160,
+            "precompute_ref_log_probs": True,
+            "precompute_ref_batch_size": 3,
+        },
+        "processes": 2,
+        "micro": 2,
+        "accumulation": 1,
+        "steps": 3,
+    }
+)
 def test_a_kto_job_trains_as_trls_kto_trainer(
     case: dict[str, Any], base: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
