@@ -1,14 +1,19 @@
-"""Reward, RLOO and KTO jobs resume (issue 44: checkpoints and ``--resume`` as every job's): each stopped after 2
-steps and resumed to 4 in a new process logs step 3 exactly as the uninterrupted 4-step run (the same weights, data
-position, RNG and rollout), step 4 to DeepSpeed's CPU Adam's rounding after a resume (it recomputes its bias
-correction: ~1e-7, as test_checkpoints.py says), and saves the same weights to that rounding."""
+"""Reward, RLOO and KTO jobs are preempted and resume (issue 44: checkpoints, preemption and ``--resume`` as every
+job's): each stopped by SIGTERM (Slurm's or Kubernetes' stop) once its first step is logged saves at the next step
+and exits 75; resumed to 4 steps in a new process it logs the first step after the stop exactly as the
+uninterrupted run (the same weights, data position, RNG and rollout), the later ones to DeepSpeed's CPU Adam's
+rounding after a resume (it recomputes its bias correction: ~1e-7, as test_checkpoints.py says), and saves the same
+weights to that rounding. And a KTO job (in-order chunks, a KL estimate over the processes) trains under Ray as under
+torchrun."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -69,20 +74,47 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp
 
 
-def _train(folder: Path, task: str, out: str, *options: str) -> list[dict[str, Any]]:
+def _command(folder: Path, task: str, out: str, *options: str) -> tuple[list[str], dict[str, str]]:
+    """``dsbuild train`` of ``task``'s job into ``folder / out``, and its environment."""
     job = folder / f"{task}.toml"
     micro = 8 if task == "rloo" else 2
     job.write_text(JOB.format(task=task, base=folder / "base", tables=TABLES[task], micro=micro))
     path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "RAY_ADDRESS"):
         env.pop(key, None)
-    done = subprocess.run([sys.executable, "-m", "dsbuild", "train", str(job),
-                           f"--set=training.output_dir={json.dumps(str(folder / out))}", *options],
-                          capture_output=True, text=True, env=env, cwd=folder, timeout=600)  # fmt: skip
+    command = [sys.executable, "-m", "dsbuild", "train", str(job),
+               f"--set=training.output_dir={json.dumps(str(folder / out))}", *options]  # fmt: skip
+    return command, env
+
+
+def _history(path: Path) -> list[dict[str, Any]]:
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in map(json.loads, lines) if "loss" in r]
+
+
+def _train(folder: Path, task: str, out: str, *options: str, env: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    command, environment = _command(folder, task, out, *options)
+    done = subprocess.run(command, capture_output=True, text=True, env={**environment, **(env or {})}, cwd=folder,
+                          timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-5000:]
-    history = [json.loads(line) for line in (folder / out / "history.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k not in TIMING} for r in history if "loss" in r]
+    return _history(folder / out / "history.jsonl")
+
+
+def _preempted(folder: Path, task: str, out: str) -> int:
+    """``dsbuild train`` of the job, SIGTERM once its first step is logged: exit 75 and the step it saved and stopped
+    at (the next one, before the last)."""
+    command, env = _command(folder, task, out)
+    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=folder)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and run.poll() is None and not _history(folder / out / "history.jsonl"):
+        time.sleep(0.05)
+    run.send_signal(signal.SIGTERM)
+    _, err = run.communicate(timeout=600)
+    assert run.returncode == 75, err[-5000:]
+    stopped = max(r["step"] for r in _history(folder / out / "history.jsonl"))
+    assert stopped < 4 and f"stopped at step {stopped} by SIGTERM" in err, err[-3000:]
+    return stopped
 
 
 def _weights(path: Path) -> dict[str, Any]:
@@ -92,18 +124,34 @@ def _weights(path: Path) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("task", sorted(TABLES))
-def test_a_job_of_each_new_task_resumes_as_the_uninterrupted_run(folder: Path, task: str) -> None:
-    """Stopped after 2 of 4 steps and resumed in a new process: step 3 logs exactly what the uninterrupted run logs
-    (loss, grad_norm, the task's metrics, num_tokens), step 4 the same to 1e-5, and the saved models agree to 1e-5.
-    A reward job resumes at all: its model's pad id was set after the check that a checkpoint is this run's."""
+def test_a_job_of_each_new_task_is_preempted_and_resumes_as_the_uninterrupted_run(folder: Path, task: str) -> None:
+    """SIGTERM after step 1 of 4, then ``--resume`` in a new process: the steps up to the stop and the first after it
+    log exactly what the uninterrupted run logs (loss, grad_norm, the task's metrics, num_tokens), the later ones the
+    same to 1e-5, and the saved models agree to 1e-5. A reward job resumes at all: its model's pad id was set after
+    the check that a checkpoint is this run's."""
     whole = _train(folder, task, f"{task}_whole")
-    _train(folder, task, f"{task}_cut", "--set=training.max_steps=2")
+    stopped = _preempted(folder, task, f"{task}_cut")
     resumed = _train(folder, task, f"{task}_cut", "--resume")
     assert [r["step"] for r in whole] == [1, 2, 3, 4] and [r["step"] for r in resumed] == [1, 2, 3, 4]
-    assert resumed[2] == whole[2]
-    assert sorted(resumed[3]) == sorted(whole[3])
-    for name, value in whole[3].items():
-        assert resumed[3][name] == pytest.approx(value, rel=1e-5, abs=1e-6), (name, resumed[3], whole[3])
+    assert resumed[: stopped + 1] == whole[: stopped + 1]
+    for mine, theirs in zip(resumed[stopped + 1 :], whole[stopped + 1 :], strict=True):
+        assert sorted(mine) == sorted(theirs)
+        for name, value in theirs.items():
+            assert mine[name] == pytest.approx(value, rel=1e-5, abs=1e-6), (name, mine, theirs)
     ours, theirs = _weights(folder / f"{task}_cut" / "model"), _weights(folder / f"{task}_whole" / "model")
     assert sorted(ours) == sorted(theirs)
     assert max(float((ours[k] - theirs[k]).abs().max()) for k in theirs) <= 1e-5
+
+
+def test_a_kto_job_under_ray_trains_as_under_torchrun(folder: Path) -> None:
+    """A KTO job on 2 processes as Ray Train workers (``--backend ray``: its in-order chunks dealt to the ranks, the
+    KL estimate over both) logs every step as the same job under torchrun does, to 1e-6."""
+    pytest.importorskip("ray")
+    two = ("--nproc-per-node", "2")
+    ours = _train(folder, "kto", "kto_torchrun", *two)
+    ray = _train(folder, "kto", "kto_ray", *two, "--backend", "ray", env={"RAY_memory_monitor_refresh_ms": "0"})
+    assert [r["step"] for r in ray] == [r["step"] for r in ours] == [1, 2, 3, 4]
+    for mine, theirs in zip(ray, ours, strict=True):
+        assert sorted(mine) == sorted(theirs)
+        for name, value in theirs.items():
+            assert mine[name] == pytest.approx(value, rel=1e-6, abs=1e-7), (name, mine, theirs)

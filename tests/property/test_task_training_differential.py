@@ -45,9 +45,9 @@ made of them, are held to this much of ``beta`` times the log-probs where that e
 bound; measured 3e-5 at beta 0.284 and logps -1985: 5.4e-8 of it)."""
 LR = 1e-5
 """The DPO property's learning rate. With Adam, a weight whose gradient is rounding noise moves by about the whole
-learning rate in that noise's direction, and the noise differs between the two sides' orders of summation: a pair
-whose chosen and rejected are the same text (their scores' gradients cancel) did that at 1e-3 (a drawn case of 6
-pairs, 4 of them such: step 1 equal, step 2's loss 7e-5 apart; at 1e-5 the same case agreed to 1e-6)."""
+learning rate in that noise's direction, and the noise differs between the two sides' orders of summation; at 1e-3 a
+drawn reward case of 6 pairs, 4 with chosen and rejected the same text, was 7e-5 apart at step 2 (seen before the
+pad-id fix, not tried at 1e-3 since; at 1e-5 it agreed to 1e-6)."""
 
 
 def trained_examples() -> int:
