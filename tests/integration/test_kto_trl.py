@@ -53,6 +53,7 @@ max_steps = 3
 logging_steps = 1
 save_strategy = "no"
 seed = 0
+{training}
 [strategy]
 name = "deepspeed_train"
 config = "zero3"
@@ -73,23 +74,35 @@ def _check(done: subprocess.CompletedProcess[str]) -> None:
 
 
 def _job(
-    tmp: Path, name: str, base: Path, records: Path, *, data: str = "", kto: str = "", processes: int = 1
+    tmp: Path,
+    name: str,
+    base: Path,
+    records: Path,
+    *,
+    data: str = "",
+    kto: str = "",
+    processes: int = 1,
+    evaluate: bool = False,
 ) -> dict[str, Any]:
     """``dsbuild train`` on a KTO job (2 records a micro-batch: × 2 accumulation on 1 process, × 1 on several): its
-    step records and its saved model's weights."""
+    step records, its evaluation's after the last step (``evaluate``: of the training records, 2 a batch) and its
+    saved model's weights."""
     from transformers import AutoModelForCausalLM
 
     out = tmp / name
     job = tmp / f"{name}.toml"
     accumulation = 2 if processes == 1 else 1
+    if evaluate:
+        data += f"\neval_path = {json.dumps(str(records))}"
+    training = 'eval_strategy = "steps"\neval_steps = 3\nper_device_eval_batch_size = 2' if evaluate else ""
     job.write_text(JOB.format(base=base, records=records, out=out, data=data, kto=kto, processes=processes,
-                              accumulation=accumulation))  # fmt: skip
+                              accumulation=accumulation, training=training))  # fmt: skip
     _check(subprocess.run([sys.executable, "-m", "dsbuild", "train", str(job)], capture_output=True, text=True,
                           env=_env(), cwd=tmp, timeout=600))  # fmt: skip
     records_ = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
     model = AutoModelForCausalLM.from_pretrained(out / "model")
-    return {"records": [r for r in records_ if "loss" in r], "out": out,
-            "weights": {k: v.detach() for k, v in model.named_parameters()}}  # fmt: skip
+    return {"records": [r for r in records_ if "loss" in r], "evaluation": [r for r in records_ if "eval_loss" in r],
+            "out": out, "weights": {k: v.detach() for k, v in model.named_parameters()}}  # fmt: skip
 
 
 def _trl(
@@ -142,9 +155,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("kto")
     base = _write_base(tmp / "base")
     standard, chat = _records(tmp)
-    ours = _job(tmp, "one", base, standard, kto="beta = 0.2\ndesirable_weight = 1.3\nundesirable_weight = 0.7")
+    ours = _job(tmp, "one", base, standard, kto="beta = 0.2\ndesirable_weight = 1.3\nundesirable_weight = 0.7",
+                evaluate=True)  # fmt: skip
     theirs = _trl(tmp, "trl", base, standard, ours["out"] / "ds_config.json", "--beta", "0.2", "--desirable", "1.3",
-                  "--undesirable", "0.7")  # fmt: skip
+                  "--undesirable", "0.7", "--evaluate")  # fmt: skip
     chat_ours = _job(tmp, "chat", base, chat, data=f"chat_template = {json.dumps(TEMPLATE)}",
                      kto='loss_type = "apo_zero_unpaired"')  # fmt: skip
     chat_theirs = _trl(tmp, "chat_trl", base, chat, chat_ours["out"] / "ds_config.json", "--loss-type",
@@ -180,6 +194,23 @@ def test_a_kto_job_trains_as_trls_kto_trainer(runs: dict[str, Any]) -> None:
     _same(ours["records"], theirs["records"])
     assert ours["records"][0]["kl"] == 0.0 and max(r["kl"] for r in ours["records"][1:]) > 0
     _close_weights(ours["weights"], theirs["weights"])
+
+
+def test_a_kto_job_evaluates_as_trls_kto_trainer(runs: dict[str, Any]) -> None:
+    """``eval_path`` evaluated after the last step, 2 records a batch (each with the KL completion its training chunk
+    gives it, as TRL's eval dataset): the loss, KL estimate and every metric TRL logs in evaluation (``eval_*``) to
+    1e-5 (measured 2e-7)."""
+    ours, theirs = runs["one"]["evaluation"], runs["trl"]["evaluation"]
+    assert len(ours) == len(theirs) == 1, (ours, theirs)
+    names = {n for n in theirs[0] if n.startswith("eval_") and n not in EVAL_TIMING}
+    mine = {n for n in ours[0] if n.startswith("eval_")}
+    assert names <= mine and mine - names == {"eval_samples"}, (ours, theirs)  # dsbuild's count of what it evaluated
+    for name in sorted(names):
+        assert ours[0][name] == pytest.approx(theirs[0][name], abs=1e-5), (name, ours, theirs)
+
+
+EVAL_TIMING = {"eval_runtime", "eval_samples_per_second", "eval_steps_per_second"}
+"""What an evaluation record holds that depends on the machine, not the run."""
 
 
 def test_conversational_records_train_as_trls_apo_zero_unpaired(runs: dict[str, Any]) -> None:
