@@ -10,6 +10,7 @@ tokenizer and options reads it back instead of tokenizing again.
 from __future__ import annotations
 
 import functools
+import importlib
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final, overload
@@ -22,6 +23,7 @@ from ..errors import ConfigError, Problem
 from ..job.core import Job
 from ..job.formats import CHAT_FORMATS, FIELDS
 from ..job.spec import DataSpec
+from ..job.tasks import JOB_TASKS
 from .packing import pack_columns
 from .records import Checker, Record, check_record, no_sample_left
 from .sources import SMALL, Source, load_source, quiet
@@ -353,23 +355,18 @@ def load(
     Raises ``ConfigError`` for a bad record (named by file and line) and for data of which no sample has a token to
     train on (with the lengths it saw).
     """
-    if isinstance(spec, Job) and spec.task == "kto":
-        from .unpaired import load_kto_data
-
-        return Datasets(*load_kto_data(spec, tokenizer))
-    if isinstance(spec, Job) and spec.task == "reward":
-        from .preference import load_reward_data
-
-        return Datasets(*load_reward_data(spec.data, tokenizer, spec.reward))
-    if (isinstance(spec, Job) and spec.task == "dpo") or (isinstance(spec, DataSpec) and spec.format == "preference"):
+    if isinstance(spec, Job) and JOB_TASKS[spec.task].reader is not None:
+        module, function = str(JOB_TASKS[spec.task].reader).split(":")
+        reader = getattr(importlib.import_module(f"{__package__}.{module}"), function)
+        return Datasets(*reader(spec, tokenizer))  # the task's own records (pairs, prompts, labelled completions)
+    if isinstance(spec, DataSpec) and spec.format == "preference":
         from .preference import load_data
 
-        pairs = load_data(spec.data, tokenizer, spec.dpo) if isinstance(spec, Job) else load_data(spec, tokenizer)
-        return Datasets(*pairs)
-    if (spec.data if isinstance(spec, Job) else spec).format == "prompt":
+        return Datasets(*load_data(spec, tokenizer))
+    if isinstance(spec, DataSpec) and spec.format == "prompt":
         from .prompts import load_data as load_prompts
 
-        return Datasets(*load_prompts(spec.data if isinstance(spec, Job) else spec, tokenizer))
+        return Datasets(*load_prompts(spec, tokenizer))
     if isinstance(spec, Job):
         seed = spec.training.seed if seed is None else seed
         spec = spec.data

@@ -47,6 +47,8 @@ __all__ = [
     "collate_scored_pairs",
     "extract_prompt",
     "load_data",
+    "load_job_pairs",
+    "load_job_reward_pairs",
     "load_reward_data",
     "read_pairs",
     "score_pairs",
@@ -312,6 +314,16 @@ def load_reward_data(
     train = tokenized(spec.path, "data.path", "training")
     evaluation = tokenized(spec.eval_path, "data.eval_path", "evaluation") if spec.eval_path is not None else None
     return train, evaluation, "; ".join(notes)
+
+
+def load_job_pairs(job: Any, tokenizer: Any) -> tuple[Pairs, Pairs | None, str]:
+    """A DPO job's pairs (``load_data`` of its ``[data]`` with its ``[dpo]``)."""
+    return load_data(job.data, tokenizer, job.dpo)
+
+
+def load_job_reward_pairs(job: Any, tokenizer: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, str]:
+    """A reward job's pairs (``load_reward_data`` of its ``[data]`` with its ``[reward]``)."""
+    return load_reward_data(job.data, tokenizer, job.reward)
 
 
 def collate_scored_pairs(

@@ -23,7 +23,7 @@ from .tokens import chat_template_for
 if TYPE_CHECKING:
     from ..job.spec import DataSpec
 
-__all__ = ["check_data", "check_prompt", "load_data", "prompt_ids", "read_prompts"]
+__all__ = ["check_data", "check_prompt", "load_data", "load_job_prompts", "prompt_ids", "read_prompts"]
 
 
 def check_prompt(record: Any) -> tuple[Record | None, str | None]:
@@ -79,3 +79,8 @@ def load_data(spec: DataSpec, tokenizer: Any) -> tuple[list[Record], None, str]:
     """A GRPO job's prompts checked, each record with its ``prompt_ids`` (no evaluation records, nothing cut)."""
     records = read_prompts(spec.path)
     return [{**record, "prompt_ids": prompt_ids(record, tokenizer, spec.chat_template)} for record in records], None, ""
+
+
+def load_job_prompts(job: Any, tokenizer: Any) -> tuple[list[Record], None, str]:
+    """A GRPO or RLOO job's prompts (``load_data`` of its ``[data]``)."""
+    return load_data(job.data, tokenizer)

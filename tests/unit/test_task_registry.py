@@ -27,14 +27,16 @@ BRANCHES_ALLOWED = {
     "job/trl_import.py": "TRL's scripts, one per trainer, each with arguments of its own",
     "job/trl_export.py": "TRL's SFT script's data arguments, and which TRL trainer takes a rollout function",
     "job/trl_keys.py": "TRL's keys that a job does not run, by table",
-    "data/pipeline.py": "each task's records read by its own reader (dsbuild.data's, below the tasks' floor)",
 }
 """Where a module may still name tasks, and why."""
 
 
 def test_every_task_is_a_module_on_each_side_and_its_tables_are_jobs() -> None:
     """Each task of ``JOB_TASKS`` has its job module and its run module of the same name; every table it reads has a
-    spec class and a field of ``Job``."""
+    spec class and a field of ``Job``; a task with a data format of its own names the function of ``dsbuild.data``
+    that reads it (``JobTask.reader``, what ``dsbuild.data.load`` calls)."""
+    import importlib
+
     from dsbuild.run.tasks import TASKS
 
     assert list(TASKS) == list(JOB_TASKS)
@@ -43,6 +45,10 @@ def test_every_task_is_a_module_on_each_side_and_its_tables_are_jobs() -> None:
         assert (PACKAGE / "job" / "tasks" / f"{name}.py").is_file(), name
         assert (PACKAGE / "run" / "tasks" / f"{name}.py").is_file(), name
         assert set(task.tables) <= set(TABLE_SPECS) and set(task.tables) <= fields, (name, task.tables)
+        assert (task.reader is None) == (task.format is None), (name, task.reader)
+        if task.reader is not None:
+            module, function = task.reader.split(":")
+            assert callable(getattr(importlib.import_module(f"dsbuild.data.{module}"), function)), task.reader
 
 
 def _branches(path: Path) -> list[str]:

@@ -83,6 +83,10 @@ class JobTask:
     """Where its lengths are set instead of ``data.max_length``: ``"[dpo] max_length and truncation_mode"``."""
     evaluates: bool = True
     """Whether it evaluates (``data.eval_path``)."""
+    reader: str | None = None
+    """``"module:function"`` of ``dsbuild.data`` that reads and tokenizes its records, ``function(job, tokenizer)``
+    giving its training samples, its evaluation samples (or ``None``) and a note of what was cut
+    (``dsbuild.data.load``); ``None``: the SFT data path."""
     checks: Callable[[Reading], None] = _no_checks
     """Its own checks of the tables read together, each a problem of the collector."""
     problems: Callable[[Any, int], list[Diagnostic]] = _no_problems

@@ -22,5 +22,5 @@ def shapes(job: Any) -> dict[str, Any]:
 TASK = JobTask(
     "dpo", label="DPO", config="DPOConfig", tables=("reference", "dpo"), format="preference", records="pairs",
     fields="prompt / chosen / rejected", records_are="pairs are", data_keys=PAIR_DATA_KEYS,
-    length="[dpo] max_length and truncation_mode", shapes=shapes,
+    length="[dpo] max_length and truncation_mode", reader="preference:load_job_pairs", shapes=shapes,
 )  # fmt: skip

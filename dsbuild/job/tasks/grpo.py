@@ -78,8 +78,8 @@ def prompt_task(name: str, label: str, config: str) -> JobTask:
     return JobTask(name, label=label, config=config, tables=("reference", "rollout", "rewards", name),
                    optional=("reference",), required={"rewards": missing}, format="prompt", records="prompts",
                    fields="a prompt per record", records_are="prompts are", data_keys=PROMPT_DATA_KEYS,
-                   length=f"[{name}] max_completion_length", evaluates=False, checks=checks, problems=problems,
-                   shapes=shapes)  # fmt: skip
+                   length=f"[{name}] max_completion_length", evaluates=False, reader="prompts:load_job_prompts",
+                   checks=checks, problems=problems, shapes=shapes)  # fmt: skip
 
 
 TASK = prompt_task("grpo", "GRPO", "GRPOConfig")

@@ -29,5 +29,6 @@ def shapes(job: Any) -> dict[str, Any]:
 TASK = JobTask(
     "kto", label="KTO", config="KTOConfig", tables=("reference", "kto"), format="unpaired",
     records="labelled completions", fields="prompt / completion / label", records_are="unpaired data is",
-    data_keys=PAIR_DATA_KEYS, length="[kto] max_length", checks=checks, shapes=shapes,
+    data_keys=PAIR_DATA_KEYS, length="[kto] max_length", reader="unpaired:load_kto_data", checks=checks,
+    shapes=shapes,
 )  # fmt: skip

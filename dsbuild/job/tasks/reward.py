@@ -21,5 +21,5 @@ def shapes(job: Any) -> dict[str, Any]:
 TASK = JobTask(
     "reward", label="reward", config="RewardConfig", tables=("reward",), format="preference", records="pairs",
     fields="prompt / chosen / rejected", records_are="pairs are", data_keys=PAIR_DATA_KEYS,
-    length="[reward] max_length", shapes=shapes,
+    length="[reward] max_length", reader="preference:load_job_reward_pairs", shapes=shapes,
 )  # fmt: skip
