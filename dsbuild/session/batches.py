@@ -376,9 +376,9 @@ def metric_means(names: Sequence[str], summed: Sequence[float]) -> dict[str, flo
 
 def evaluation_sums(
     engine: Any, loader: Any, session: Any, loss_fn: Callable[[Any, Any], Any] | None
-) -> tuple[float, float, dict[str, list[float]], int]:
+) -> tuple[float, float, dict[str, list[float]]]:
     """``(sum of batch losses × samples, samples, the loss_fn's other numbers: each summed with the batches that
-    returned it (add_metrics), batches)`` over
+    returned it (add_metrics))`` over
     ``loader`` without gradients, on this process (the model put back in training mode after). As the HF Trainer's
     evaluation: each batch's loss counts once per sample it holds, an uneven end's filler samples not at all
     (``kept``), and a ``loss_fn`` is told which batches TRL's ``gather_for_metrics`` leaves out
@@ -387,7 +387,7 @@ def evaluation_sums(
 
     was_training = engine.module.training
     engine.eval()
-    total, count, seen = 0.0, 0.0, 0
+    total, count = 0.0, 0.0
     metrics: dict[str, list[float]] = {}
     try:
         with torch.no_grad():
@@ -401,12 +401,11 @@ def evaluation_sums(
                 total += float(loss.float()) * n
                 count += n
                 add_metrics(metrics, numbers)
-                seen += 1
     finally:
         session.position.gathered = True
         if was_training:
             engine.train()
-    return total, count, metrics, seen
+    return total, count, metrics
 
 
 def evaluation(engine: Any, loader: Any, session: Any, loss_fn: Callable[[Any, Any], Any] | None) -> dict[str, float]:
@@ -417,12 +416,12 @@ def evaluation(engine: Any, loader: Any, session: Any, loss_fn: Callable[[Any, A
     tensor-parallel group's ranks evaluate the same batches, so each batch counts once."""
     from . import distributed
 
-    total, count, sums, seen = evaluation_sums(engine, loader, session, loss_fn)
+    total, count, sums = evaluation_sums(engine, loader, session, loss_fn)
     names = sorted(sums)  # every process's loss_fn returns the same names for a batch
-    summed = distributed.all_sum([total, count, float(seen), *(v for n in names for v in sums[n])], engine.device)
+    summed = distributed.all_sum([total, count, *(v for n in names for v in sums[n])], engine.device)
     tp = session.tensor_parallel_size
     total, count = summed[0] / tp, summed[1] / tp
-    means = {f"eval_{n}": value for n, value in metric_means(names, summed[3:]).items()}
+    means = {f"eval_{n}": value for n, value in metric_means(names, summed[2:]).items()}
     trained = float(session.position.tokens)
     return {"eval_loss": total / max(count, 1.0), "eval_samples": count, "eval_num_tokens": trained, **means}
 
