@@ -3,8 +3,7 @@ job's): each stopped by SIGTERM (Slurm's or Kubernetes' stop) once its first ste
 and exits 75; resumed to 4 steps in a new process it logs the first step after the stop exactly as the
 uninterrupted run (the same weights, data position, RNG and rollout), the later ones to DeepSpeed's CPU Adam's
 rounding after a resume (it recomputes its bias correction: ~1e-7, as test_checkpoints.py says), and saves the same
-weights to that rounding. And a KTO job (in-order chunks, a KL estimate over the processes) trains under Ray as under
-torchrun."""
+weights to that rounding. And KTO and RLOO jobs train under Ray as under torchrun."""
 
 from __future__ import annotations
 
@@ -143,13 +142,15 @@ def test_a_job_of_each_new_task_is_preempted_and_resumes_as_the_uninterrupted_ru
     assert max(float((ours[k] - theirs[k]).abs().max()) for k in theirs) <= 1e-5
 
 
-def test_a_kto_job_under_ray_trains_as_under_torchrun(folder: Path) -> None:
-    """A KTO job on 2 processes as Ray Train workers (``--backend ray``: its in-order chunks dealt to the ranks, the
-    KL estimate over both) logs every step as the same job under torchrun does, to 1e-6."""
+@pytest.mark.parametrize("task", ["kto", "rloo"])
+def test_a_job_under_ray_trains_as_under_torchrun(folder: Path, task: str) -> None:
+    """A KTO job (its in-order chunks dealt to the ranks, the KL estimate over both) and an RLOO job (its rollout and
+    reward functions imported in Ray's workers, the group's rewards gathered) on 2 processes as Ray Train workers
+    (``--backend ray``) log every step as the same job under torchrun does, to 1e-6."""
     pytest.importorskip("ray")
     two = ("--nproc-per-node", "2")
-    ours = _train(folder, "kto", "kto_torchrun", *two)
-    ray = _train(folder, "kto", "kto_ray", *two, "--backend", "ray", env={"RAY_memory_monitor_refresh_ms": "0"})
+    ours = _train(folder, task, f"{task}_torchrun", *two)
+    ray = _train(folder, task, f"{task}_ray", *two, "--backend", "ray", env={"RAY_memory_monitor_refresh_ms": "0"})
     assert [r["step"] for r in ray] == [r["step"] for r in ours] == [1, 2, 3, 4]
     for mine, theirs in zip(ray, ours, strict=True):
         assert sorted(mine) == sorted(theirs)
